@@ -1,0 +1,14 @@
+FROM python:3.11-slim-bookworm
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap git zstd util-linux \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+COPY pyproject.toml ./
+COPY recoup recoup
+COPY sessions_app sessions_app
+COPY sandboxes_app sandboxes_app
+COPY lifecycle lifecycle
+COPY templates templates
+COPY manage.py ./
+RUN pip install --no-cache-dir .
+ENV PYTHONUNBUFFERED=1
+EXPOSE 8000

@@ -1,0 +1,98 @@
+"""Lifecycle transitions, each one compare-and-set on (lifecycle_state, lifecycle_version).
+
+A transition reads nothing inside its UPDATE: the caller passes the session as it last saw it,
+and the row moves only if nobody else moved it since. Zero rows updated means the caller lost
+the race; it gets None back and must not act on the sandbox.
+"""
+
+import logging
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from lifecycle.models import LifecycleEvent
+from lifecycle.states import can_transition
+from sessions_app.models import Session
+
+logger = logging.getLogger("recoup.lifecycle")
+
+
+class IllegalTransition(Exception):
+    """A programming error: the state table does not allow this move."""
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The (state, version) pair a caller observed; the CAS condition of its transition."""
+
+    state: str | None
+    version: int
+
+    @classmethod
+    def of(cls, session: Session) -> "Seen":
+        return cls(state=session.lifecycle_state, version=session.lifecycle_version)
+
+
+def transition(
+    *,
+    session_id: str,
+    seen: Seen,
+    to: str,
+    reason: str,
+    actor: str,
+    error: str | None = None,
+    changes: dict | None = None,
+    guard: Q | None = None,
+) -> Session | None:
+    """Move the session from `seen` to `to`, applying `changes` to other columns in the same
+    UPDATE. Returns the updated session, or None when the row was not in `seen` any more (or
+    `guard`, an extra condition on the row, no longer held)."""
+    if not can_transition(seen.state, to):
+        raise IllegalTransition(f"{seen.state} -> {to} is not an allowed transition")
+    now = timezone.now()
+    values = dict(changes or {})
+    values.update(
+        lifecycle_state=to,
+        lifecycle_version=F("lifecycle_version") + 1,
+        updated_at=now,
+    )
+    if to == "failed" or error is not None:
+        values["lifecycle_error"] = error
+    elif "lifecycle_error" not in values:
+        values["lifecycle_error"] = None
+    with transaction.atomic():
+        rows = Session.objects.filter(
+            id=session_id, lifecycle_state=seen.state, lifecycle_version=seen.version
+        )
+        moved = (rows.filter(guard) if guard is not None else rows).update(**values)
+        if moved != 1:
+            logger.info(
+                "transition lost session=%s %s@%s -> %s (%s)",
+                session_id,
+                seen.state,
+                seen.version,
+                to,
+                reason,
+            )
+            return None
+        LifecycleEvent.objects.create(
+            session_id=session_id,
+            from_state=seen.state,
+            to_state=to,
+            version=seen.version + 1,
+            reason=reason,
+            actor=actor,
+            error=error,
+        )
+    logger.info(
+        "transition session=%s %s -> %s v%s reason=%s actor=%s",
+        session_id,
+        seen.state,
+        to,
+        seen.version + 1,
+        reason,
+        actor,
+    )
+    return Session.objects.get(id=session_id)

@@ -1,0 +1,42 @@
+import json
+import logging
+import os
+import time
+
+from celery import Celery
+from celery.signals import task_postrun, task_prerun
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "recoup.settings")
+
+app = Celery("recoup")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+logger = logging.getLogger("recoup.task")
+_started: dict[str, float] = {}
+
+
+@task_prerun.connect
+def _task_started(task_id: str, task: object, args: tuple, **kwargs: object) -> None:
+    _started[task_id] = time.monotonic()
+
+
+@task_postrun.connect
+def _task_finished(
+    task_id: str, task: object, args: tuple, kwargs: dict, state: str, **extra: object
+) -> None:
+    """One structured line per task, with the session id when the task is about one."""
+    started = _started.pop(task_id, None)
+    first = args[0] if args else None
+    logger.info(
+        json.dumps(
+            {
+                "event": "task",
+                "task": getattr(task, "name", str(task)),
+                "task_id": task_id,
+                "state": state,
+                "ms": round((time.monotonic() - started) * 1000, 1) if started else None,
+                "session_id": first if isinstance(first, str) else kwargs.get("session_id"),
+            }
+        )
+    )

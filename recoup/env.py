@@ -1,0 +1,118 @@
+"""Small typed readers for settings from the environment.
+
+Each reader fails loudly (ImproperlyConfigured naming the variable) on a malformed value, so a
+typo in a deployment stops the process at start-up instead of silently using a default.
+"""
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name} must be a boolean (true/false/1/0), got {raw!r}")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = os.environ.get(name, default).strip()
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def database_from_url(url: str) -> dict:
+    """Turn `postgres://user:pass@host:port/name` or `sqlite:///path` into a DATABASES entry."""
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        path = unquote(parts.path)
+        if parts.netloc or not path:
+            raise ImproperlyConfigured(
+                "DATABASE_URL sqlite form is sqlite:///relative or sqlite:////absolute, "
+                f"got {url!r}"
+            )
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": path[1:] if path.startswith("/") else path,
+            "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE"},
+        }
+    if parts.scheme in ("postgres", "postgresql", "pgsql"):
+        name = unquote(parts.path.lstrip("/"))
+        if not name:
+            raise ImproperlyConfigured(f"DATABASE_URL must name a database, got {url!r}")
+        try:
+            port = parts.port
+        except ValueError:
+            raise ImproperlyConfigured(f"DATABASE_URL has a bad port: {url!r}") from None
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": name,
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(port or ""),
+            "CONN_MAX_AGE": 60,
+            "CONN_HEALTH_CHECKS": True,
+        }
+    raise ImproperlyConfigured(
+        f"DATABASE_URL scheme must be postgres:// or sqlite://, got {parts.scheme!r}"
+    )
+
+
+def persistent_secret(path: Path) -> str:
+    """Read a generated secret from the data dir, creating it on first start.
+
+    The embedded default has no SECRET_KEY configured; a per-process random key would
+    invalidate every API key on restart, so one is generated once and kept.
+    """
+    import secrets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        # Write then hard-link so concurrent first starts agree on one secret, never a partial file.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(secrets.token_urlsafe(50))
+        os.chmod(tmp, 0o600)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_text().strip()

@@ -1,0 +1,235 @@
+"""Settings, all from the environment (see the README's settings table).
+
+With nothing configured the service runs on the embedded default: SQLite and a filesystem
+Celery broker under RECOUP_DATA_DIR, so one command starts it on a fresh machine.
+"""
+
+from pathlib import Path
+
+from recoup.env import (
+    database_from_url,
+    env_bool,
+    env_choice,
+    env_int,
+    env_list,
+    env_str,
+    persistent_secret,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(env_str("RECOUP_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+SECRET_KEY = env_str("SECRET_KEY", "") or persistent_secret(DATA_DIR / "secret_key")
+# The pepper for API key digests; rotating it invalidates every key, so it is its own setting.
+API_KEY_PEPPER = env_str("API_KEY_PEPPER", "") or SECRET_KEY
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "recoup",
+    "recoup.accounts",
+    "sessions_app",
+    "sandboxes_app",
+    "lifecycle",
+]
+
+MIDDLEWARE = [
+    "recoup.logging.RequestLogMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "recoup.urls"
+WSGI_APPLICATION = "recoup.wsgi.application"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'recoup.sqlite3'}")
+DATABASES = {"default": database_from_url(DATABASE_URL)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL", "")
+if REDIS_URL:
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+# No separate web server in the embedded default or compose: Django serves the admin's and
+# Swagger UI's collected static files itself (they are small and cacheable).
+SERVE_STATIC = env_bool("SERVE_STATIC", True)
+
+# --- Celery -------------------------------------------------------------------------------
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "") or "filesystem://"
+if CELERY_BROKER_URL == "filesystem://":
+    _queue_dir = DATA_DIR / "broker" / "queue"
+    _processed_dir = DATA_DIR / "broker" / "processed"
+    # kombu otherwise writes its control (broadcast) files to ./control in the cwd.
+    _control_dir = DATA_DIR / "broker" / "control"
+    for _d in (_queue_dir, _processed_dir, _control_dir):
+        _d.mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_queue_dir),
+        "data_folder_out": str(_queue_dir),
+        "processed_folder": str(_processed_dir),
+        "control_folder": str(_control_dir),
+        "store_processed": False,
+    }
+else:
+    # Redis redelivers unacked messages after the visibility timeout; hibernation of a big
+    # workspace can take minutes, so the timeout is well above any task's run time.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+CELERY_TASK_ALWAYS_EAGER = False
+CELERY_BEAT_SCHEDULE = {
+    "lifecycle-sweep": {
+        "task": "lifecycle.sweep",
+        "schedule": float(env_int("LIFECYCLE_SWEEP_INTERVAL", 10, minimum=1)),
+    },
+    "retention-sweep": {"task": "lifecycle.retention_sweep", "schedule": 24 * 3600.0},
+}
+
+# --- OIDC Bearer tokens -------------------------------------------------------------------
+OIDC_JWKS_URL = env_str("OIDC_JWKS_URL", "")
+OIDC_ISSUER = env_str("OIDC_ISSUER", "")
+OIDC_AUDIENCE = env_str("OIDC_AUDIENCE", "")
+
+# --- API ----------------------------------------------------------------------------------
+API_RATE_LIMIT = env_str("API_RATE_LIMIT", "1200/min")
+# Largest request body; a command's arguments are the only big thing a client sends.
+API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 8 * 1024 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "recoup.accounts.authentication.ApiKeyHeaderAuthentication",
+        "recoup.accounts.authentication.BearerAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_THROTTLE_CLASSES": ["recoup.throttling.AccountRateThrottle"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "recoup.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Recoup sandboxes API",
+    "DESCRIPTION": (
+        "Self-hostable per-session code sandboxes for LLM agents. Session-scoped endpoints "
+        'answer errors as `{"status": "error", "error": "..."}`; the legacy `/api/sandboxes` '
+        'answers `{"error": "..."}`. Unknown body fields are ignored; a known field with a '
+        "wrong type or value is a 400 naming the field."
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_ADD_EXPLICIT_BLANK_NULL_CHOICE": False,
+    "SCHEMA_PATH_PREFIX": r"/api",
+    # URL kwargs are snake_case in Python; the contract's path parameters are camelCase.
+    "CAMELIZE_NAMES": True,
+    "ENUM_NAME_OVERRIDES": {
+        "SessionStatusEnum": "sessions_app.models.Session.Status",
+        "LifecycleStateEnum": "lifecycle.states.LifecycleState",
+        "ErrorStatusEnum": [("error", "error")],
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"line": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "line"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.request": {"level": "ERROR"}},
+}
+
+# --- Sandboxes (issue 2/4 onward) ---------------------------------------------------------
+SANDBOX_PROVIDER = env_choice("SANDBOX_PROVIDER", "local", ("local",))
+SANDBOX_GIT_BASE_URL = env_str("SANDBOX_GIT_BASE_URL", "https://github.com").rstrip("/")
+GITHUB_TOKEN = env_str("GITHUB_TOKEN", "")
+SANDBOX_ROOT = Path(env_str("SANDBOX_ROOT", str(DATA_DIR / "sandboxes"))).resolve()
+SANDBOX_ISOLATION = env_choice("SANDBOX_ISOLATION", "bwrap", ("bwrap", "none"))
+SANDBOX_NETWORK = env_choice("SANDBOX_NETWORK", "off", ("off", "on"))
+SANDBOX_IDLE_TIMEOUT = env_int("SANDBOX_IDLE_TIMEOUT", 300, minimum=1)
+SANDBOX_TIMEOUT = env_int("SANDBOX_TIMEOUT", 1800, minimum=1)
+SANDBOX_EXTEND = env_int("SANDBOX_EXTEND", 1200, minimum=1)
+SANDBOX_MAX_LIFETIME = env_int("SANDBOX_MAX_LIFETIME", 6 * 3600, minimum=1)
+SANDBOX_COMMAND_TIMEOUT = env_int("SANDBOX_COMMAND_TIMEOUT", 60, minimum=1)
+SANDBOX_COMMAND_MAX_TIMEOUT = env_int("SANDBOX_COMMAND_MAX_TIMEOUT", 600, minimum=1)
+SANDBOX_OUTPUT_CAP = env_int("SANDBOX_OUTPUT_CAP", 1024 * 1024, minimum=1024)
+SANDBOX_MEMORY_MB = env_int("SANDBOX_MEMORY_MB", 2048, minimum=64)
+SANDBOX_MAX_PROCESSES = env_int("SANDBOX_MAX_PROCESSES", 512, minimum=16)
+SANDBOX_MAX_FILE_MB = env_int("SANDBOX_MAX_FILE_MB", 1024, minimum=1)
+SANDBOX_CPU_SECONDS = env_int("SANDBOX_CPU_SECONDS", 3600, minimum=1)
+# A lifecycle run (provision, resume, hibernate) holds a lease this long; after it a crashed
+# run's lease is reclaimed by the next request or sweep.
+LIFECYCLE_LEASE_SECONDS = env_int("LIFECYCLE_LEASE_SECONDS", 900, minimum=5)
+# How long a POST /api/sandbox that found another request provisioning waits for its result.
+SANDBOX_PROVISION_WAIT = env_int("SANDBOX_PROVISION_WAIT", 900, minimum=1)
+LIFECYCLE_SWEEP_INTERVAL = env_int("LIFECYCLE_SWEEP_INTERVAL", 10, minimum=1)
+LIFECYCLE_SWEEP_BATCH = env_int("LIFECYCLE_SWEEP_BATCH", 100, minimum=1)
+# Hibernate this many seconds before sandboxExpiresAt, so expiry never outruns the snapshot.
+LIFECYCLE_EXPIRY_BUFFER = env_int("LIFECYCLE_EXPIRY_BUFFER", 30, minimum=0)
+LIFECYCLE_DISPATCH_GRACE = env_int("LIFECYCLE_DISPATCH_GRACE", 60, minimum=1)
+BASE_SNAPSHOT_MAX_AGE = env_int("BASE_SNAPSHOT_MAX_AGE", 7 * 24 * 3600, minimum=60)
+SNAPSHOT_RETENTION_DAYS = env_int("SNAPSHOT_RETENTION_DAYS", 30, minimum=1)
+SNAPSHOT_STORAGE_ROOT = Path(env_str("SNAPSHOT_STORAGE_ROOT", str(DATA_DIR / "snapshots")))
+# Any Django storage backend; django-storages' S3 backend reads its AWS_* settings itself.
+SNAPSHOT_STORAGE_BACKEND = env_str("SNAPSHOT_STORAGE_BACKEND", "")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "snapshots": (
+        {"BACKEND": SNAPSHOT_STORAGE_BACKEND}
+        if SNAPSHOT_STORAGE_BACKEND
+        else {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(SNAPSHOT_STORAGE_ROOT)},
+        }
+    ),
+}

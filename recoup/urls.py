@@ -1,0 +1,24 @@
+from django.conf import settings
+from django.contrib import admin
+from django.urls import include, path, re_path
+from django.views.static import serve
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from recoup.errors import api_not_found
+from recoup.health import healthz, readyz
+
+urlpatterns = [
+    path("healthz", healthz),
+    path("readyz", readyz),
+    path("admin/", admin.site.urls),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("api/", include("sessions_app.urls")),
+    path("api/", include("sandboxes_app.urls")),
+    re_path(r"^api/", api_not_found),
+]
+
+if settings.SERVE_STATIC:
+    urlpatterns.insert(
+        0, re_path(r"^static/(?P<path>.*)$", serve, {"document_root": settings.STATIC_ROOT})
+    )

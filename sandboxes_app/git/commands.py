@@ -1,0 +1,142 @@
+"""Running the real `git` on the host: clone, look up the remote branch, fast-forward.
+
+The GitHub token, when set, reaches git only as an `http.<base url>/.extraHeader` config entry
+passed through GIT_CONFIG_COUNT/KEY/VALUE environment variables: never in argv (visible in
+/proc), a URL, `.git/config`, a log line or a sandbox's environment, and only sent to
+SANDBOX_GIT_BASE_URL. Every URL and path follows `--` so nothing is parsed as an option.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import subprocess
+from pathlib import Path
+
+from django.conf import settings
+
+from sandboxes_app.providers.base import ProviderError
+
+_BRANCH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]{0,200}")
+
+
+class GitError(ProviderError):
+    """git failed; the message carries git's own (token-free) explanation."""
+
+
+def check_branch(branch: str) -> str:
+    if not _BRANCH.fullmatch(branch) or ".." in branch or branch.endswith((".lock", "/", ".")):
+        raise ProviderError(f"Invalid branch name {branch!r}")
+    return branch
+
+
+def git_env(*, trust_repo: bool = False) -> dict[str, str]:
+    """A clean environment for host-side git: no host config, no prompts, optional token."""
+    config = [("protocol.ext.allow", "never"), ("core.hooksPath", "/dev/null")]
+    if trust_repo:
+        # Workspaces belong to the sandbox uid; only ever set for repositories we cloned
+        # ourselves and no sandbox has touched yet.
+        config.append(("safe.directory", "*"))
+    if settings.GITHUB_TOKEN:
+        credentials = base64.b64encode(f"x-access-token:{settings.GITHUB_TOKEN}".encode())
+        config.append(
+            (
+                f"http.{settings.SANDBOX_GIT_BASE_URL}/.extraHeader",
+                f"Authorization: Basic {credentials.decode()}",
+            )
+        )
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/nonexistent",
+        "LANG": "C.UTF-8",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_CONFIG_COUNT": str(len(config)),
+    }
+    for i, (key, value) in enumerate(config):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
+    return env
+
+
+def run_git(argv: list[str], *, cwd: Path | None = None, trust_repo: bool = False) -> str:
+    """Run `argv` (starting with "git" or a wrapper around it); return stdout or raise GitError."""
+    proc = subprocess.run(
+        argv,
+        cwd=cwd or "/",
+        env=git_env(trust_repo=trust_repo),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=settings.SANDBOX_COMMAND_MAX_TIMEOUT,
+    )
+    if proc.returncode != 0:
+        detail = proc.stderr.decode(errors="replace").strip()[-500:]
+        raise GitError(f"git {argv[1] if len(argv) > 1 else ''} failed: {detail}")
+    return proc.stdout.decode(errors="replace")
+
+
+def git_clone(*, url: str, dest: Path, branch: str | None) -> None:
+    """Clone `url` into the new directory `dest` with `branch` (default: remote HEAD) out."""
+    argv = ["git", "clone", "--quiet", "--no-local"]
+    if branch:
+        argv += ["--branch", check_branch(branch)]
+    run_git([*argv, "--", url, str(dest)])
+
+
+def remote_head(*, url: str, branch: str | None) -> tuple[str, str]:
+    """(branch, commit sha) of the remote's `branch`, or of its default branch."""
+    ref = f"refs/heads/{check_branch(branch)}" if branch else "HEAD"
+    out = run_git(["git", "ls-remote", "--symref", "--", url, ref])
+    name, sha = branch, None
+    for line in out.splitlines():
+        left, _, right = line.partition("\t")
+        if left.startswith("ref: refs/heads/") and right == "HEAD":
+            name = left[len("ref: refs/heads/") :]
+        elif right == ref:
+            sha = left
+    if not name or not sha:
+        raise GitError(f"The remote has no {'branch ' + branch if branch else 'default branch'}")
+    return name, sha
+
+
+def local_head(*, repo: Path) -> tuple[str, str]:
+    """(branch, commit) checked out in a repository we created (a base cache)."""
+    branch = run_git(
+        ["git", "-C", str(repo), "symbolic-ref", "--short", "-q", "HEAD"], trust_repo=True
+    ).strip()
+    sha = run_git(["git", "-C", str(repo), "rev-parse", "HEAD"], trust_repo=True).strip()
+    return branch, sha
+
+
+def fast_forward_argvs(*, repo: Path, url: str, branch: str) -> list[list[str]]:
+    """The git commands that bring a pristine checkout at `repo` to `url`'s `branch`.
+
+    `checkout -B` rather than `merge --ff-only`: the checkout is untouched, so this is the
+    fast-forward when there is one and still right after a force-push or a new default branch.
+    """
+    tracking = f"refs/remotes/origin/{branch}"
+    return [
+        [
+            "git",
+            "-C",
+            str(repo),
+            "fetch",
+            "--quiet",
+            "--no-tags",
+            "--",
+            url,
+            f"+refs/heads/{branch}:{tracking}",
+        ],
+        [
+            "git",
+            "-C",
+            str(repo),
+            "checkout",
+            "--quiet",
+            "-B",
+            branch,
+            "--track",
+            f"origin/{branch}",
+        ],
+    ]

@@ -1,0 +1,148 @@
+import secrets
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from recoup.accounts.models import Account, Organization
+from sandboxes_app.providers.base import SnapshotInfo
+
+
+def session_sandbox_name(session_id: str) -> str:
+    """The deterministic name of a session's sandbox, so every process finds the same one."""
+    return f"sbx_{session_id}"
+
+
+def oneshot_sandbox_name() -> str:
+    return f"sbx_{secrets.token_hex(8)}"
+
+
+class Snapshot(models.Model):
+    """A verified snapshot object in the snapshot storage.
+
+    `session` snapshots hold a session's workspace (only its changes when `base` is set);
+    `base` snapshots hold a prepared clone for an organization's repository.
+    """
+
+    class Kind(models.TextChoices):
+        SESSION = "session"
+        BASE = "base"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    storage_key = models.CharField(max_length=300, unique=True)
+    size_bytes = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    base = models.ForeignKey(
+        "self", on_delete=models.PROTECT, null=True, blank=True, related_name="layers"
+    )
+    session = models.ForeignKey(
+        "sessions_app.Session",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="snapshots",
+    )
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="snapshots")
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, null=True, blank=True, related_name="snapshots"
+    )
+    repo_full_name = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["account", "-created_at"], name="snapshot_account_recent"),
+            models.Index(fields=["expires_at"], name="snapshot_expires_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.storage_key}"
+
+    @property
+    def public_id(self) -> str:
+        return f"snap_{self.id.hex}"
+
+    def to_info(self) -> SnapshotInfo:
+        return SnapshotInfo(
+            storage_key=self.storage_key,
+            sha256=self.sha256,
+            size_bytes=self.size_bytes,
+            kind=self.kind,
+            created_at=self.created_at,
+            base=self.base.to_info() if self.base_id else None,
+        )
+
+
+class SandboxQuerySet(models.QuerySet):
+    def mark_destroyed(self) -> int:
+        """Record that these sandboxes' runtimes and workspaces are gone."""
+        now = timezone.now()
+        return self.filter(destroyed_at__isnull=True).update(
+            status=Sandbox.Status.STOPPED, stopped_at=now, destroyed_at=now
+        )
+
+
+class Sandbox(models.Model):
+    """A runtime bound to a session (or, on the legacy path, to an account only).
+
+    A session has at most one live (not destroyed) sandbox: a database constraint.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        STOPPING = "stopping"
+        STOPPED = "stopped"
+        FAILED = "failed"
+
+    name = models.CharField(max_length=64)
+    session = models.ForeignKey(
+        "sessions_app.Session",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="sandboxes",
+    )
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="sandboxes")
+    provider = models.CharField(max_length=20)
+    repo_full_name = models.CharField(max_length=200, blank=True, default="")
+    branch = models.CharField(max_length=255, blank=True, default="")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    boot = models.CharField(max_length=10, blank=True, default="", help_text="clone, base, resume")
+    base_snapshot = models.ForeignKey(
+        Snapshot, on_delete=models.SET_NULL, null=True, blank=True, related_name="sandboxes"
+    )
+    run_id = models.CharField(max_length=64, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    destroyed_at = models.DateTimeField(null=True, blank=True)
+
+    objects = SandboxQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session"],
+                condition=Q(destroyed_at__isnull=True, session__isnull=False),
+                name="one_live_sandbox_per_session",
+            ),
+            models.UniqueConstraint(
+                fields=["name"],
+                condition=Q(destroyed_at__isnull=True),
+                name="unique_live_sandbox_name",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["account", "-created_at"], name="sandbox_account_recent"),
+            models.Index(fields=["expires_at"], name="sandbox_expires_at"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,0 +1,187 @@
+"""The sandbox provider interface: the only way the endpoints and the lifecycle touch a sandbox.
+
+A provider keeps no state in process memory: the web process, the Celery worker and an
+operator's shell must all see the same sandbox, so everything a provider knows about a sandbox
+lives on disk (local provider) or with the hosted engine. Every method is safe to call from any
+process. Names are chosen by the caller (`sbx-<session id>`), which makes create idempotent.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+class ProviderError(Exception):
+    """The provider could not do what was asked. The message is safe to show a client."""
+
+
+class SandboxNotFound(ProviderError):
+    """No runtime and no workspace exist under that name."""
+
+
+class SandboxNotRunning(ProviderError):
+    """The workspace exists but its runtime is stopped (for example after a host restart)."""
+
+
+class SnapshotMissing(ProviderError):
+    """The snapshot's object is not in storage."""
+
+
+class SnapshotCorrupt(ProviderError):
+    """The stored object does not match its recorded size or sha256, or does not unpack."""
+
+
+@dataclass(frozen=True)
+class GitSource:
+    """Where a workspace's repository comes from. `clone_url` is the full URL git clones."""
+
+    clone_url: str
+    branch: str | None = None  # None: the origin's default branch
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A verified snapshot object in the snapshot storage.
+
+    `kind` is "session" (a session's workspace, or only its changes when `base` is set) or
+    "base" (a prepared clone other sandboxes layer on). A session snapshot taken of a sandbox
+    that sits on a base needs that base to be restored.
+    """
+
+    storage_key: str
+    sha256: str
+    size_bytes: int
+    kind: str
+    created_at: datetime
+    base: SnapshotInfo | None = None
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    name: str
+    branch: str
+    created_at: datetime
+    base: SnapshotInfo | None = None
+    # What the provider did, for the caller's records and for tests and benchmarks:
+    # "clone", "base" (copy-on-write over a base, then fast-forward) or "resume".
+    boot: str = "clone"
+    details: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_code: int | None  # None when the command was killed on timeout
+    stdout: str
+    stderr: str
+    duration_ms: int
+    timed_out: bool
+    truncated: bool  # stdout or stderr hit the output cap
+
+
+class SandboxStatus(enum.StrEnum):
+    RUNNING = "running"  # runtime up, commands can run
+    STOPPED = "stopped"  # workspace on disk, runtime gone
+    ABSENT = "absent"  # nothing under that name
+
+
+@dataclass(frozen=True)
+class FileTreeEntry:
+    path: str
+    type: str  # "blob" or "tree"
+    sha: str
+    size: int | None = None  # blobs only
+
+
+class SandboxProvider(abc.ABC):
+    """One sandbox engine. `name` is what the API reports as `mode`."""
+
+    name: str
+
+    @abc.abstractmethod
+    def create(
+        self, *, name: str, source: GitSource, base: SnapshotInfo | None = None
+    ) -> SandboxInfo:
+        """Start a sandbox holding a checkout of `source`.
+
+        With `base`, the workspace is a copy-on-write layer over the base snapshot, fast-forwarded
+        to the origin's current branch: no full clone. If a workspace already exists under
+        `name`, it is started (not recloned) and returned.
+        """
+
+    @abc.abstractmethod
+    def resume(self, *, name: str, snapshot: SnapshotInfo) -> SandboxInfo:
+        """Start a sandbox from a session snapshot, verified first; files come back identical.
+
+        Raises SnapshotMissing or SnapshotCorrupt rather than ever starting an empty workspace.
+        """
+
+    @abc.abstractmethod
+    def run(
+        self,
+        *,
+        name: str,
+        argv: list[str],
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> CommandResult:
+        """Run argv inside the running sandbox (no shell unless argv asks for one).
+
+        `cwd` is relative to, or inside, /workspace. On timeout the command's whole process tree
+        is killed. Background processes it leaves behind keep running until the sandbox stops.
+        """
+
+    @abc.abstractmethod
+    def running_commands(self, *, name: str) -> int:
+        """How many `run` calls are in flight for the sandbox, from any process."""
+
+    @abc.abstractmethod
+    def probe(self, *, name: str, timeout_s: float = 2.0) -> bool:
+        """True when a trivial command answers inside the sandbox. Never starts a stopped one."""
+
+    @abc.abstractmethod
+    def status(self, *, name: str) -> SandboxStatus: ...
+
+    @abc.abstractmethod
+    def snapshot(self, *, name: str, storage_key: str) -> SnapshotInfo:
+        """Quiesce the sandbox, write its workspace (only the changes when it sits on a base)
+        under `storage_key`, durably, and verify it. The runtime and workspace are left as they
+        were: the caller stops and destroys them only after this returns."""
+
+    @abc.abstractmethod
+    def build_base(self, *, source: GitSource, storage_key: str) -> SnapshotInfo:
+        """Clone `source` into a fresh scratch workspace and store it as a base snapshot."""
+
+    @abc.abstractmethod
+    def verify_snapshot(self, *, snapshot: SnapshotInfo) -> None:
+        """Raise SnapshotMissing or SnapshotCorrupt unless the stored object matches."""
+
+    @abc.abstractmethod
+    def delete_snapshot(self, *, snapshot: SnapshotInfo) -> None:
+        """Remove the stored object (and any local cache of it). Missing is not an error."""
+
+    @abc.abstractmethod
+    def stop(self, *, name: str) -> None:
+        """End every process of the sandbox. The workspace stays on disk. Idempotent."""
+
+    @abc.abstractmethod
+    def destroy(self, *, name: str) -> None:
+        """Stop the sandbox and delete its workspace. Idempotent."""
+
+    @abc.abstractmethod
+    def file_tree(self, *, source: GitSource) -> list[FileTreeEntry]:
+        """The recursive tree of the source's default branch, from git itself."""
+
+
+def get_provider() -> SandboxProvider:
+    """The provider chosen by SANDBOX_PROVIDER (default `local`)."""
+    from django.conf import settings
+
+    if settings.SANDBOX_PROVIDER == "local":
+        from sandboxes_app.providers.local import LocalProvider
+
+        return LocalProvider.from_settings()
+    raise ProviderError(f"Unknown SANDBOX_PROVIDER {settings.SANDBOX_PROVIDER!r}")

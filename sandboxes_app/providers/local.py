@@ -1,0 +1,502 @@
+"""The local provider: one bubblewrap sandbox per session on this host, state kept on disk.
+
+See local_layout (what lives where), local_runtime (the init and commands), local_cgroups
+(limits, freezing, killing trees) and sandboxes_app.snapshots (stored objects). Every method
+that changes a sandbox holds its flock, so the web process, the Celery worker and a shell can
+all act on the same sandbox; `run` takes no lock, so commands run concurrently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+import re
+import shutil
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+from django.conf import settings
+
+from sandboxes_app.git.commands import (
+    fast_forward_argvs,
+    git_clone,
+    local_head,
+    remote_head,
+    run_git,
+)
+from sandboxes_app.git.tree import file_tree
+from sandboxes_app.providers.base import (
+    CommandResult,
+    FileTreeEntry,
+    GitSource,
+    ProviderError,
+    SandboxInfo,
+    SandboxNotFound,
+    SandboxNotRunning,
+    SandboxProvider,
+    SandboxStatus,
+    SnapshotInfo,
+)
+from sandboxes_app.providers.local_cgroups import SandboxCgroups, cgroups_available
+from sandboxes_app.providers.local_commands import (
+    Command,
+    command_argv,
+    execute,
+    kill_tree,
+    resolve_cwd,
+    run_marker,
+)
+from sandboxes_app.providers.local_layout import (
+    SandboxPaths,
+    check_name,
+    file_lock,
+    live_init,
+    read_json,
+    snapshot_from_dict,
+    snapshot_to_dict,
+    write_json,
+)
+from sandboxes_app.providers.local_runtime import (
+    HOME,
+    SANDBOX_PATH,
+    WORKSPACE,
+    Limits,
+    check_isolation,
+    in_overlay_namespace,
+    start_init,
+    start_placeholder,
+    stop_init,
+    write_etc,
+)
+from sandboxes_app.providers.local_workspace import (
+    adopt_as_base_cache,
+    base_lock,
+    chown_to_sandbox,
+    ensure_base_cache,
+    head_branch,
+)
+from sandboxes_app.snapshots import snapshot_delete, snapshot_extract, snapshot_verify
+from sandboxes_app.snapshots import snapshot_write as store_tree
+
+logger = logging.getLogger(__name__)
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PROBE = ["pwd"]
+
+
+class LocalProvider(SandboxProvider):
+    """Sandboxes as bubblewrap namespaces on this host, workspaces under SANDBOX_ROOT."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        *,
+        root: Path,
+        isolation: str,
+        network: bool,
+        limits: Limits,
+        command_timeout: float,
+        max_command_timeout: float,
+        output_cap: int,
+    ) -> None:
+        self.root = Path(root)
+        self.isolation = isolation
+        self.network = network
+        self.limits = limits
+        self.command_timeout = command_timeout
+        self.max_command_timeout = max_command_timeout
+        self.output_cap = output_cap
+        self.use_cgroups = cgroups_available()
+        # Different SANDBOX_ROOTs on one host (parallel test runs) must not share cgroups.
+        self._cgroup_prefix = hashlib.sha256(str(self.root).encode()).hexdigest()[:8]
+
+    @classmethod
+    def from_settings(cls) -> LocalProvider:
+        """The provider configured by settings; raises ProviderError naming the fix when this
+        host cannot isolate sandboxes."""
+        network = settings.SANDBOX_NETWORK == "on"
+        if settings.SANDBOX_ISOLATION == "bwrap":
+            check_isolation(network=network)
+        return cls(
+            root=settings.SANDBOX_ROOT,
+            isolation=settings.SANDBOX_ISOLATION,
+            network=network,
+            limits=Limits(
+                memory_mb=settings.SANDBOX_MEMORY_MB,
+                max_processes=settings.SANDBOX_MAX_PROCESSES,
+                max_file_mb=settings.SANDBOX_MAX_FILE_MB,
+                cpu_seconds=settings.SANDBOX_CPU_SECONDS,
+            ),
+            command_timeout=settings.SANDBOX_COMMAND_TIMEOUT,
+            max_command_timeout=settings.SANDBOX_COMMAND_MAX_TIMEOUT,
+            output_cap=settings.SANDBOX_OUTPUT_CAP,
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def create(
+        self, *, name: str, source: GitSource, base: SnapshotInfo | None = None
+    ) -> SandboxInfo:
+        paths = self._paths(name)
+        with file_lock(paths.lock):
+            meta = read_json(paths.meta)
+            reused = meta is not None
+            if meta is None:
+                self._discard_partial(paths)
+                meta = self._prepare(paths=paths, source=source, base=base)
+            if live_init(paths) is None:
+                self._start(paths=paths, meta=meta)
+        return _info(meta, reused=reused)
+
+    def resume(self, *, name: str, snapshot: SnapshotInfo) -> SandboxInfo:
+        paths = self._paths(name)
+        with file_lock(paths.lock):
+            meta = read_json(paths.meta)
+            if meta is not None:
+                if meta.get("snapshot_sha256") != snapshot.sha256:
+                    raise ProviderError(f"Sandbox {name} already exists")
+                if live_init(paths) is None:
+                    self._start(paths=paths, meta=meta)
+                return _info(meta, reused=True)
+            self._discard_partial(paths)
+            paths.upper.mkdir(parents=True)
+            try:
+                layers = [paths.upper]
+                if snapshot.base is not None:
+                    layers.append(ensure_base_cache(root=self.root, base=snapshot.base))
+                    paths.work.mkdir()
+                snapshot_extract(
+                    storage_key=snapshot.storage_key,
+                    sha256=snapshot.sha256,
+                    size_bytes=snapshot.size_bytes,
+                    dest=paths.upper,
+                )
+                meta = self._meta(
+                    paths=paths,
+                    branch=head_branch(layers=layers),
+                    base=snapshot.base,
+                    boot="resume",
+                )
+                meta["snapshot_sha256"] = snapshot.sha256
+                write_json(paths.meta, meta)
+            except BaseException:
+                shutil.rmtree(paths.dir, ignore_errors=True)
+                raise
+            self._start(paths=paths, meta=meta)
+        return _info(meta, reused=False)
+
+    def stop(self, *, name: str) -> None:
+        paths = self._paths(name)
+        with file_lock(paths.lock):
+            self._stop(paths)
+
+    def destroy(self, *, name: str) -> None:
+        paths = self._paths(name)
+        with file_lock(paths.lock):
+            self._stop(paths)
+            if paths.dir.exists():
+                shutil.rmtree(paths.dir)
+
+    def status(self, *, name: str) -> SandboxStatus:
+        paths = self._paths(name)
+        if live_init(paths) is not None:
+            return SandboxStatus.RUNNING
+        if paths.meta.exists():
+            return SandboxStatus.STOPPED
+        return SandboxStatus.ABSENT
+
+    # -- commands --------------------------------------------------------------------------
+
+    def run(
+        self,
+        *,
+        name: str,
+        argv: list[str],
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> CommandResult:
+        return self._run(name=name, argv=argv, cwd=cwd, env=env, timeout_s=timeout_s, track=True)
+
+    def running_commands(self, *, name: str) -> int:
+        paths = self._paths(name)
+        count = 0
+        for marker in paths.runs.glob("*.run") if paths.runs.exists() else []:
+            try:
+                fd = os.open(marker, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                count += 1  # its run still holds the lock
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    marker.unlink()  # left by a process that died mid-run
+            finally:
+                os.close(fd)
+        return count
+
+    def probe(self, *, name: str, timeout_s: float = 2.0) -> bool:
+        try:
+            result = self._run(
+                name=name, argv=_PROBE, cwd=None, env=None, timeout_s=timeout_s, track=False
+            )
+        except ProviderError:
+            return False
+        return result.exit_code == 0 and result.stdout.strip() in (WORKSPACE, self._probe_cwd(name))
+
+    # -- snapshots -------------------------------------------------------------------------
+
+    def snapshot(self, *, name: str, storage_key: str) -> SnapshotInfo:
+        paths = self._paths(name)
+        with file_lock(paths.lock):
+            meta = read_json(paths.meta)
+            if meta is None:
+                raise SandboxNotFound(f"No sandbox named {name}")
+            cgroups = self._cgroups(name) if live_init(paths) is not None else None
+            # Frozen, nothing in the sandbox writes while tar reads. overlayfs keeps no data of
+            # its own, so the upper dir read from the host is exactly what the sandbox sees.
+            if cgroups is not None:
+                cgroups.freeze()
+            try:
+                sha256, size = store_tree(source=paths.upper, storage_key=storage_key)
+            finally:
+                if cgroups is not None:
+                    cgroups.thaw()
+        return SnapshotInfo(
+            storage_key=storage_key,
+            sha256=sha256,
+            size_bytes=size,
+            kind="session",
+            created_at=datetime.now(UTC),
+            base=snapshot_from_dict(meta["base"]),
+        )
+
+    def build_base(self, *, source: GitSource, storage_key: str) -> SnapshotInfo:
+        scratch = self.root / "_scratch" / uuid.uuid4().hex
+        scratch.mkdir(parents=True)
+        try:
+            tree = scratch / "tree"
+            git_clone(url=source.clone_url, dest=tree, branch=source.branch)
+            chown_to_sandbox(tree)
+            sha256, size = store_tree(source=tree, storage_key=storage_key)
+            adopt_as_base_cache(root=self.root, tree=tree, sha256=sha256)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return SnapshotInfo(
+            storage_key=storage_key,
+            sha256=sha256,
+            size_bytes=size,
+            kind="base",
+            created_at=datetime.now(UTC),
+        )
+
+    def verify_snapshot(self, *, snapshot: SnapshotInfo) -> None:
+        snapshot_verify(
+            storage_key=snapshot.storage_key, sha256=snapshot.sha256, size_bytes=snapshot.size_bytes
+        )
+
+    def delete_snapshot(self, *, snapshot: SnapshotInfo) -> None:
+        snapshot_delete(storage_key=snapshot.storage_key)
+        if snapshot.kind != "base":
+            return
+        # The cache goes only when no sandbox, running or stopped, still layers on it: a stopped
+        # one needs it to start again, and its object is now gone.
+        with base_lock(root=self.root, sha256=snapshot.sha256, shared=False):
+            if not self._base_in_use(snapshot.sha256):
+                shutil.rmtree(self.root / "_bases" / snapshot.sha256, ignore_errors=True)
+
+    def file_tree(self, *, source: GitSource) -> list[FileTreeEntry]:
+        return file_tree(
+            url=source.clone_url, branch=source.branch, cache_root=self.root / "_trees"
+        )
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _paths(self, name: str) -> SandboxPaths:
+        return SandboxPaths(root=self.root, name=check_name(name))
+
+    def _cgroups(self, name: str) -> SandboxCgroups | None:
+        if not self.use_cgroups:
+            return None
+        return SandboxCgroups(key=f"{self._cgroup_prefix}-{name}")
+
+    def _meta(self, *, paths: SandboxPaths, branch: str, base: SnapshotInfo | None, boot: str):
+        return {
+            "name": paths.name,
+            "branch": branch,
+            "created_at": datetime.now(UTC).isoformat(),
+            "base": snapshot_to_dict(base),
+            "boot": boot,
+        }
+
+    def _discard_partial(self, paths: SandboxPaths) -> None:
+        """Remove what a create or resume that died half-way left (no meta.json yet)."""
+        if paths.dir.exists():
+            stop_init(record=live_init(paths), cgroups=self._cgroups(paths.name))
+            shutil.rmtree(paths.dir)
+
+    def _prepare(self, *, paths: SandboxPaths, source: GitSource, base: SnapshotInfo | None):
+        paths.dir.mkdir(parents=True)
+        try:
+            if base is None:
+                git_clone(url=source.clone_url, dest=paths.upper, branch=source.branch)
+                chown_to_sandbox(paths.upper)
+                branch = head_branch(layers=[paths.upper])
+                meta = self._meta(paths=paths, branch=branch, base=None, boot="clone")
+            else:
+                branch, moved = self._layer_on_base(paths=paths, source=source, base=base)
+                meta = self._meta(paths=paths, branch=branch, base=base, boot="base")
+                meta["fast_forwarded"] = moved
+            write_json(paths.meta, meta)
+            return meta
+        except BaseException:
+            shutil.rmtree(paths.dir, ignore_errors=True)
+            raise
+
+    def _layer_on_base(self, *, paths: SandboxPaths, source: GitSource, base: SnapshotInfo):
+        """An empty upper layer over the base, moved to the origin's current branch tip.
+
+        Git runs as root in a throwaway mount namespace with the overlay mounted, only on the
+        pristine base content we cloned ourselves; what it writes lands in the upper dir and
+        is handed to the sandbox user once the overlay is gone again.
+        """
+        if self.isolation == "none":
+            raise ProviderError("SANDBOX_ISOLATION=none cannot layer a sandbox on a base")
+        with base_lock(root=self.root, sha256=base.sha256, shared=True):
+            lower = ensure_base_cache(root=self.root, base=base)
+            paths.upper.mkdir()
+            paths.work.mkdir()
+            chown_to_sandbox(paths.upper)
+            branch, remote_sha = remote_head(url=source.clone_url, branch=source.branch)
+            if local_head(repo=lower) == (branch, remote_sha):
+                return branch, False
+            for argv in fast_forward_argvs(repo=paths.merged, url=source.clone_url, branch=branch):
+                run_git(in_overlay_namespace(lower=lower, paths=paths, argv=argv), trust_repo=True)
+            chown_to_sandbox(paths.upper)
+        return branch, True
+
+    def _start(self, *, paths: SandboxPaths, meta: dict) -> None:
+        cgroups = self._cgroups(paths.name)
+        paths.runs.mkdir(exist_ok=True)
+        if self.isolation == "none":
+            logger.warning(
+                "Sandbox %s starts WITHOUT isolation (SANDBOX_ISOLATION=none): commands run "
+                "as this service's user on the host",
+                paths.name,
+            )
+            if cgroups is not None:
+                # No init joins them, but each command's limits and timeout kill still do.
+                cgroups.setup(
+                    memory_mb=self.limits.memory_mb, max_processes=self.limits.max_processes
+                )
+            write_json(paths.init, start_placeholder())
+            return
+        lower = None
+        base = snapshot_from_dict(meta["base"])
+        if base is not None:
+            with base_lock(root=self.root, sha256=base.sha256, shared=True):
+                lower = ensure_base_cache(root=self.root, base=base)
+        etc = self.root / ("_etc-net" if self.network else "_etc")
+        write_etc(etc, network=self.network)
+        record = start_init(
+            paths=paths,
+            etc=etc,
+            lower=lower,
+            cgroups=cgroups,
+            limits=self.limits,
+            network=self.network,
+        )
+        write_json(paths.init, record)
+
+    def _stop(self, paths: SandboxPaths) -> None:
+        stop_init(record=live_init(paths), cgroups=self._cgroups(paths.name))
+        with contextlib.suppress(FileNotFoundError):
+            paths.init.unlink()
+
+    def _base_in_use(self, sha256: str) -> bool:
+        for meta_path in self.root.glob("*/meta.json"):
+            base = (read_json(meta_path) or {}).get("base")
+            while base:
+                if base["sha256"] == sha256:
+                    return True
+                base = base.get("base")
+        return False
+
+    def _run(self, *, name, argv, cwd, env, timeout_s, track: bool) -> CommandResult:
+        paths = self._paths(name)
+        record = live_init(paths)
+        if record is None:
+            if paths.meta.exists():
+                raise SandboxNotRunning(f"Sandbox {name} is stopped")
+            raise SandboxNotFound(f"No sandbox named {name}")
+        if not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
+            raise ProviderError("argv must be a non-empty list of strings without NUL")
+        workspace_cwd = resolve_cwd(cwd)
+        isolated = self.isolation != "none"
+        command = Command(
+            argv=list(argv),
+            cwd=workspace_cwd,
+            env=self._command_env(env, home=HOME if isolated else str(paths.upper)),
+            timeout_s=self._timeout(timeout_s),
+            output_cap=self.output_cap,
+        )
+        host_cwd = str(paths.upper) + workspace_cwd[len(WORKSPACE) :]
+        cgroups = self._cgroups(name)
+        run_id = uuid.uuid4().hex[:16]
+        with run_marker(paths) if track else contextlib.nullcontext():
+            procs = cgroups.create_run(run_id) if cgroups else []
+            try:
+                return execute(
+                    argv=command_argv(
+                        record=record if isolated else None,
+                        command=command,
+                        limits=self.limits,
+                        procs=procs,
+                        host_cwd=host_cwd,
+                    ),
+                    env=command.env,
+                    command=command,
+                    kill_tree=functools.partial(kill_tree, cgroups=cgroups, run_id=run_id),
+                )
+            finally:
+                if cgroups is not None:
+                    cgroups.release_run(run_id)
+
+    def _probe_cwd(self, name: str) -> str:
+        return str(self._paths(name).upper) if self.isolation == "none" else WORKSPACE
+
+    def _timeout(self, timeout_s: float | None) -> float:
+        timeout = self.command_timeout if timeout_s is None else timeout_s
+        if timeout <= 0:
+            raise ProviderError("timeout_s must be positive")
+        return min(timeout, self.max_command_timeout)
+
+    def _command_env(self, extra: dict[str, str] | None, *, home: str) -> dict[str, str]:
+        env = {"PATH": SANDBOX_PATH, "HOME": home, "LANG": "C.UTF-8", "USER": "sandbox"}
+        for key, value in (extra or {}).items():
+            if not _ENV_NAME.fullmatch(str(key)) or not isinstance(value, str) or "\0" in value:
+                raise ProviderError(f"Invalid environment variable {key!r}")
+            env[key] = value
+        return env
+
+
+def _info(meta: dict, *, reused: bool) -> SandboxInfo:
+    details = {"reused": reused}
+    if "fast_forwarded" in meta:
+        details["fast_forwarded"] = meta["fast_forwarded"]
+    return SandboxInfo(
+        name=meta["name"],
+        branch=meta["branch"],
+        created_at=datetime.fromisoformat(meta["created_at"]),
+        base=snapshot_from_dict(meta["base"]),
+        boot=meta["boot"],
+        details=details,
+    )

@@ -1,0 +1,381 @@
+"""The running part of a local sandbox: its bubblewrap init, and commands joined to it.
+
+The init is `bwrap ... -- sh -c 'echo ready; exec sleep infinity'` with its own PID, IPC, UTS,
+network, mount (and cgroup) namespaces, started detached so it outlives whoever started it.
+bwrap's child is PID 1 of the sandbox; we record it, and killing it ends the PID namespace and
+with it every process of the sandbox. Commands enter the init's namespaces with nsenter and
+drop to the sandbox user with setpriv (no capabilities, no_new_privs), so a background process
+started by one command is still there for the next.
+
+When the sandbox sits on a base, overlayfs is mounted inside a private mount namespace
+(`unshare --mount`) that only the init's bwrap inherits: nothing is mounted on the host, and the
+mount disappears with the sandbox, even on a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandboxes_app.providers.base import ProviderError
+from sandboxes_app.providers.local_cgroups import SandboxCgroups
+from sandboxes_app.providers.local_layout import (
+    SANDBOX_GID,
+    SANDBOX_UID,
+    SandboxPaths,
+    init_record,
+    process_start_time,
+)
+
+logger = logging.getLogger(__name__)
+
+WORKSPACE = "/workspace"  # where the workspace appears inside
+HOME = "/home/sandbox"
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Joins the cgroup.procs files given before "--", then execs the rest. A shell is the cheapest
+# way to put a process in its cgroups before it execs anything.
+_JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
+JOIN_AND_EXEC = _JOIN_CGROUPS + 'exec "$@"'
+# The same, but backgrounded so the init is reparented away from the calling process.
+_JOIN_AND_DETACH = _JOIN_CGROUPS + '"$@" & exit 0'
+_MOUNT_OVERLAY = 'mount -t overlay overlay -o "$1" "$2" || exit 125; shift 2; exec "$@"'
+
+# Host files the sandbox's minimal /etc borrows read-only; all harmless to disclose.
+_HOST_ETC = (
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+    "ld.so.cache",
+    "localtime",
+    "mime.types",
+    "protocols",
+    "services",
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_mb: int
+    max_processes: int
+    max_file_mb: int
+    cpu_seconds: int
+
+
+def write_etc(etc: Path, *, network: bool) -> None:
+    """The sandbox's own /etc files: a passwd with the sandbox user, hosts, resolv.conf, git."""
+    etc.mkdir(parents=True, exist_ok=True)
+    files = {
+        "passwd": (
+            "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+            f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:{HOME}:/bin/sh\n"
+            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+        ),
+        "group": f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n",
+        "hosts": "127.0.0.1 localhost\n::1 localhost\n",
+        # slirp4netns's built-in DNS forwarder; with the network off there is nothing to ask.
+        "resolv.conf": "nameserver 10.0.2.3\n" if network else "",
+        "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+        "gitconfig": (
+            "[user]\n\tname = sandbox\n\temail = sandbox@localhost\n"
+            "[safe]\n\tdirectory = *\n[init]\n\tdefaultBranch = main\n"
+        ),
+    }
+    for filename, content in files.items():
+        path = etc / filename
+        if not path.exists() or path.read_text() != content:
+            tmp = etc / f".{filename}.{os.getpid()}.tmp"
+            tmp.write_text(content)
+            tmp.chmod(0o644)
+            os.replace(tmp, path)
+
+
+def _system_image_args(*, etc: Path) -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("bin", "lib", "lib32", "lib64", "sbin"):
+        host = Path("/") / top
+        if host.is_symlink():
+            args += ["--symlink", os.readlink(host), f"/{top}"]
+        elif host.is_dir():
+            args += ["--ro-bind", str(host), f"/{top}"]
+    args += ["--dir", "/etc"]
+    for path in sorted(etc.iterdir()):
+        if not path.name.startswith("."):
+            args += ["--ro-bind", str(path), f"/etc/{path.name}"]
+    for name in _HOST_ETC:
+        if os.path.exists(f"/etc/{name}"):
+            args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
+    return args
+
+
+def start_init(
+    *,
+    paths: SandboxPaths,
+    etc: Path,
+    lower: Path | None,
+    cgroups: SandboxCgroups | None,
+    limits: Limits,
+    network: bool,
+) -> dict:
+    """Start the sandbox's init over its workspace and return its init record."""
+    if cgroups is not None:
+        cgroups.kill_all_and_remove()
+        cgroups.setup(memory_mb=limits.memory_mb, max_processes=limits.max_processes)
+    info_r, info_w = os.pipe()
+    bwrap = [
+        "bwrap",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-net",
+        "--unshare-cgroup-try",
+        "--hostname",
+        paths.name,
+        *_system_image_args(etc=etc),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--perms",
+        "1777",
+        "--tmpfs",
+        "/tmp",
+        "--perms",
+        "0755",
+        "--dir",
+        "/home",
+        "--perms",
+        "1777",
+        "--tmpfs",
+        HOME,
+        "--bind",
+        str(paths.merged if lower else paths.upper),
+        WORKSPACE,
+        "--chdir",
+        WORKSPACE,
+        "--remount-ro",
+        "/",
+        "--new-session",
+        "--info-fd",
+        str(info_w),
+        "--",
+        "/bin/sh",
+        "-c",
+        "echo ready; exec sleep infinity </dev/null >/dev/null 2>&1",
+    ]
+    if lower is not None:
+        bwrap = in_overlay_namespace(lower=lower, paths=paths, argv=bwrap)
+    procs = cgroups.init_procs_files() if cgroups else []
+    argv = ["sh", "-c", _JOIN_AND_DETACH, "sh", *map(str, procs), "--", *bwrap]
+    launcher = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        pass_fds=(info_w,),
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+        start_new_session=True,
+    )
+    os.close(info_w)
+    try:
+        ready = _read_until(launcher.stdout, b"ready\n", timeout_s=15.0)
+        info = _read_json_fd(info_r) if ready else None
+        if not ready or info is None:
+            launcher.kill()
+            error = launcher.stderr.read().decode(errors="replace").strip()
+            raise ProviderError(f"The sandbox did not start: {error or 'no output'}")
+    finally:
+        os.close(info_r)
+        launcher.stdout.close()
+        launcher.stderr.close()
+        launcher.wait()
+    record = init_record(pid=info["child-pid"], extra={"network": network})
+    if network:
+        record["slirp_pid"] = _start_slirp(pid=record["pid"], cgroups=cgroups)
+    return record
+
+
+def overlay_options(*, lower: Path, paths: SandboxPaths) -> str:
+    for path in (lower, paths.upper, paths.work):
+        if any(ch in str(path) for ch in ",:\\"):
+            raise ProviderError(f"Paths with ',', ':' or '\\' cannot be overlay layers: {path}")
+    # metacopy would leave data in the lower layer, making the upper layer alone (what a
+    # snapshot stores) incomplete; redirect_dir and index would tie it to this host's inodes.
+    return (
+        f"lowerdir={lower},upperdir={paths.upper},workdir={paths.work},"
+        "redirect_dir=off,index=off,metacopy=off,xino=off"
+    )
+
+
+def in_overlay_namespace(*, lower: Path, paths: SandboxPaths, argv: list[str]) -> list[str]:
+    """argv run with the overlay mounted at paths.merged, in a throwaway mount namespace."""
+    paths.merged.mkdir(exist_ok=True)
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        _MOUNT_OVERLAY,
+        "sh",
+        overlay_options(lower=lower, paths=paths),
+        str(paths.merged),
+        *argv,
+    ]
+
+
+def _read_until(stream, marker: bytes, *, timeout_s: float) -> bool:
+    data = b""
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as sel:
+        sel.register(stream, selectors.EVENT_READ)
+        while marker not in data:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not sel.select(timeout=remaining):
+                return False
+            chunk = os.read(stream.fileno(), 4096)
+            if not chunk:
+                return False
+            data += chunk
+    return True
+
+
+def _read_json_fd(fd: int) -> dict | None:
+    # bwrap writes the info before the sandbox's command runs, so after "ready" it is all there.
+    os.set_blocking(fd, False)
+    data = b""
+    try:
+        while chunk := os.read(fd, 4096):
+            data += chunk
+    except BlockingIOError:
+        pass
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def _start_slirp(*, pid: int, cgroups: SandboxCgroups | None) -> int:
+    """Outbound network through slirp4netns; host loopback stays unreachable."""
+    ready_r, ready_w = os.pipe()
+    procs = cgroups.init_procs_files() if cgroups else []
+    argv = [
+        "sh",
+        "-c",
+        _JOIN_AND_DETACH,
+        "sh",
+        *map(str, procs),
+        "--",
+        "slirp4netns",
+        "--configure",
+        "--mtu=65520",
+        "--disable-host-loopback",
+        f"--ready-fd={ready_w}",
+        str(pid),
+        "tap0",
+    ]
+    launcher = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        pass_fds=(ready_w,),
+        start_new_session=True,
+    )
+    os.close(ready_w)
+    launcher.wait()
+    with os.fdopen(ready_r, "rb") as ready:
+        if not _read_until(ready, b"1", timeout_s=10.0):
+            raise ProviderError("slirp4netns did not come up for the sandbox network")
+    return _find_slirp_pid(target=pid)
+
+
+def _find_slirp_pid(*, target: int) -> int:
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline[:1] == [b"slirp4netns"] and str(target).encode() in cmdline:
+            return int(proc.name)
+    raise ProviderError("slirp4netns exited right after starting")
+
+
+def stop_init(*, record: dict | None, cgroups: SandboxCgroups | None) -> None:
+    """Kill the init (its PID namespace dies with it), the network helper and any stragglers."""
+    if record is not None:
+        for key in ("pid", "slirp_pid"):
+            if record.get(key):
+                try:
+                    os.kill(record[key], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        _wait_gone(record["pid"])
+    if cgroups is not None:
+        cgroups.kill_all_and_remove()
+
+
+def _wait_gone(pid: int, *, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while process_start_time(pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+# Per process: which network modes passed the isolation check (a cache, not sandbox state).
+_ISOLATION_CHECKED: set[bool] = set()
+
+
+def start_placeholder() -> dict:
+    """SANDBOX_ISOLATION=none: a detached sleeper stands in for the init, so status works."""
+    proc = subprocess.Popen(
+        ["sleep", "infinity"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    return init_record(pid=proc.pid, extra={"isolation": "none"})
+
+
+def check_isolation(*, network: bool) -> None:
+    """Fail loudly, naming the fix, when bubblewrap cannot build a sandbox here."""
+    if network in _ISOLATION_CHECKED:
+        return
+    for tool, package in (
+        ("bwrap", "bubblewrap"),
+        ("nsenter", "util-linux"),
+        ("unshare", "util-linux"),
+        ("setpriv", "util-linux"),
+        ("prlimit", "util-linux"),
+        ("git", "git"),
+        ("tar", "tar"),
+    ):
+        if shutil.which(tool) is None:
+            raise ProviderError(f"{tool} is missing: apt-get install {package}")
+    if network and shutil.which("slirp4netns") is None:
+        raise ProviderError("SANDBOX_NETWORK=on needs slirp4netns: apt-get install slirp4netns")
+    probe = subprocess.run(
+        ["bwrap", "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin"]
+        + ["--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--", "/bin/true"],
+        capture_output=True,
+    )
+    if probe.returncode != 0:
+        raise ProviderError(
+            "bubblewrap cannot create namespaces here "
+            f"({probe.stderr.decode(errors='replace').strip()}): run the service as root or "
+            "enable user namespaces (sysctl kernel.unprivileged_userns_clone=1, "
+            "user.max_user_namespaces > 0)"
+        )
+    _ISOLATION_CHECKED.add(network)

@@ -1,0 +1,136 @@
+"""Reads for the sandbox endpoints: the lifecycle envelope and the legacy account listing."""
+
+from datetime import datetime
+
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from lifecycle.states import LifecycleState as S
+from recoup.accounts.models import Account, Membership
+from sandboxes_app.models import Sandbox, Snapshot
+from sessions_app.models import Session
+
+
+def epoch_ms(value: datetime | None) -> int | None:
+    return None if value is None else int(value.timestamp() * 1000)
+
+
+def session_has_snapshot(session: Session) -> bool:
+    snapshot = session.current_snapshot
+    return bool(
+        snapshot is not None
+        and snapshot.deleted_at is None
+        and (snapshot.expires_at is None or snapshot.expires_at > timezone.now())
+    )
+
+
+def lifecycle_envelope(session: Session) -> dict:
+    """The contract's `SandboxLifecycle`, stamped with the server clock."""
+    return {
+        "serverTime": epoch_ms(timezone.now()),
+        "state": session.lifecycle_state,
+        "lastActivityAt": epoch_ms(session.last_activity_at),
+        "hibernateAfter": epoch_ms(session.hibernate_after),
+        "sandboxExpiresAt": epoch_ms(session.sandbox_expires_at),
+    }
+
+
+def session_sandbox_status(session: Session) -> dict:
+    """GET /api/sandbox/status: a database-only read."""
+    active = session.lifecycle_state == S.ACTIVE and not session_is_expired(session)
+    return {
+        "status": "active" if active else "no_sandbox",
+        "hasSnapshot": session_has_snapshot(session),
+        "lifecycleVersion": session.lifecycle_version,
+        "lifecycle": lifecycle_envelope(session),
+    }
+
+
+def session_is_expired(session: Session) -> bool:
+    expires = session.sandbox_expires_at
+    return expires is not None and expires <= timezone.now()
+
+
+def session_is_overdue(session: Session) -> bool:
+    now = timezone.now()
+    return session.lifecycle_state == S.ACTIVE and any(
+        due is not None and due <= now
+        for due in (session.hibernate_after, session.sandbox_expires_at)
+    )
+
+
+def session_ever_provisioned(session: Session) -> bool:
+    return session.current_snapshot_id is not None or session.sandboxes.exists()
+
+
+def accounts_visible_to(account: Account) -> QuerySet[Account]:
+    """The caller and every account sharing an organization with it."""
+    org_ids = Membership.objects.filter(account=account).values("organization_id")
+    return Account.objects.filter(
+        Q(id=account.id) | Q(memberships__organization_id__in=org_ids)
+    ).distinct()
+
+
+def legacy_sandbox_status(sandbox: Sandbox) -> str:
+    if sandbox.session_id is None or sandbox.destroyed_at is not None:
+        return sandbox.status
+    return {
+        S.PROVISIONING: Sandbox.Status.PENDING,
+        S.RESTORING: Sandbox.Status.PENDING,
+        S.ACTIVE: Sandbox.Status.RUNNING,
+        S.HIBERNATING: Sandbox.Status.STOPPING,
+        S.HIBERNATED: Sandbox.Status.STOPPED,
+        S.ARCHIVED: Sandbox.Status.STOPPED,
+        S.FAILED: Sandbox.Status.FAILED,
+    }.get(sandbox.session.lifecycle_state, sandbox.status)
+
+
+def legacy_sandbox_timeout_ms(sandbox: Sandbox) -> int:
+    """Milliseconds left before the sandbox stops on its own (0 once it is not running)."""
+    if legacy_sandbox_status(sandbox) != Sandbox.Status.RUNNING:
+        return 0
+    dues = [sandbox.expires_at]
+    if sandbox.session_id is not None:
+        dues += [sandbox.session.hibernate_after, sandbox.session.sandbox_expires_at]
+    dues = [due for due in dues if due is not None]
+    if not dues:
+        return 0
+    return max(0, int((min(dues) - timezone.now()).total_seconds() * 1000))
+
+
+def account_sandboxes(*, account: Account, sandbox_id: str | None) -> list[Sandbox]:
+    """The account's sandboxes, newest first, each name once: a session's sandbox keeps its
+    name across hibernate and resume, and only its newest row says what it is now."""
+    sandboxes = Sandbox.objects.filter(account=account).select_related("session")
+    if sandbox_id:
+        sandboxes = sandboxes.filter(name=sandbox_id)
+    newest: dict[str, Sandbox] = {}
+    for sandbox in sandboxes.order_by("-created_at", "-id")[:500]:
+        newest.setdefault(sandbox.name, sandbox)
+    return list(newest.values())[:200]
+
+
+def account_latest_snapshot(*, account: Account) -> Snapshot | None:
+    return (
+        Snapshot.objects.filter(account=account, deleted_at__isnull=True)
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
+        .order_by("-created_at")
+        .first()
+    )
+
+
+def account_latest_repo(*, account: Account) -> str | None:
+    sandbox = (
+        Sandbox.objects.filter(account=account)
+        .exclude(repo_full_name="")
+        .order_by("-created_at")
+        .first()
+    )
+    if sandbox is not None:
+        return sandbox.repo_full_name
+    session = (
+        Session.objects.filter(account=account, repo_owner__isnull=False, repo_name__isnull=False)
+        .order_by("-created_at")
+        .first()
+    )
+    return f"{session.repo_owner}/{session.repo_name}" if session else None

@@ -1,0 +1,175 @@
+"""Request and response bodies of the session sandbox endpoints (seeds 000-002, 004)."""
+
+from rest_framework import serializers
+
+from lifecycle.states import LifecycleState
+from recoup.fields import StrictCharField, StrictIntegerField
+
+# --- shared ---------------------------------------------------------------------------------
+
+
+class SandboxLifecycleSerializer(serializers.Serializer):
+    serverTime = serializers.IntegerField(help_text="Server's current epoch milliseconds.")
+    state = serializers.ChoiceField(choices=LifecycleState.choices, allow_null=True)
+    lastActivityAt = serializers.IntegerField(allow_null=True)
+    hibernateAfter = serializers.IntegerField(allow_null=True)
+    sandboxExpiresAt = serializers.IntegerField(allow_null=True)
+
+    class Meta:
+        ref_name = "SandboxLifecycle"
+
+
+class SessionIdQuerySerializer(serializers.Serializer):
+    sessionId = serializers.CharField(
+        required=True, max_length=64, help_text="The id of the session."
+    )
+
+
+class SessionIdBodySerializer(serializers.Serializer):
+    sessionId = StrictCharField(required=True, max_length=64)
+
+
+# --- POST /api/sandbox ----------------------------------------------------------------------
+
+
+class CreateSandboxRequestSerializer(serializers.Serializer):
+    repoUrl = StrictCharField(
+        required=True,
+        allow_blank=True,
+        help_text="GitHub repository URL the sandbox should clone (https://github.com/owner/repo).",
+    )
+    sessionId = StrictCharField(
+        required=False,
+        max_length=64,
+        help_text="Owning session id. When omitted, a one-shot sandbox is created (legacy).",
+    )
+
+    class Meta:
+        ref_name = "CreateSandboxRequest"
+
+
+class TimingSerializer(serializers.Serializer):
+    readyMs = serializers.IntegerField()
+
+
+class CreateSandboxResponseSerializer(serializers.Serializer):
+    createdAt = serializers.IntegerField(help_text="Epoch ms when the sandbox handle was returned.")
+    timeout = serializers.IntegerField(help_text="Sandbox idle timeout in milliseconds.")
+    currentBranch = serializers.CharField()
+    mode = serializers.ChoiceField(
+        choices=[("vercel", "vercel"), ("local", "local")],
+        help_text="Sandbox provider: `local` (bubblewrap on this host) or `vercel`.",
+    )
+    timing = TimingSerializer()
+
+    class Meta:
+        ref_name = "CreateSandboxResponse"
+
+
+# --- status / reconnect ---------------------------------------------------------------------
+
+
+class SandboxStatusResponseSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=[("active", "active"), ("no_sandbox", "no_sandbox")])
+    hasSnapshot = serializers.BooleanField()
+    lifecycleVersion = serializers.IntegerField()
+    lifecycle = SandboxLifecycleSerializer()
+
+    class Meta:
+        ref_name = "SandboxStatusResponse"
+
+
+class ReconnectResponseSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(
+        choices=[("connected", "connected"), ("expired", "expired"), ("no_sandbox", "no_sandbox")]
+    )
+    hasSnapshot = serializers.BooleanField()
+    expiresAt = serializers.IntegerField(required=False)
+    lifecycle = SandboxLifecycleSerializer()
+
+    class Meta:
+        ref_name = "ReconnectResponse"
+
+
+# --- commands -------------------------------------------------------------------------------
+
+
+class CommandRequestSerializer(serializers.Serializer):
+    sessionId = StrictCharField(required=True, max_length=64)
+    cmd = StrictCharField(
+        required=True,
+        max_length=4096,
+        help_text="Program to run; use `sh` with args `-c`, script for a shell.",
+    )
+    args = serializers.ListField(
+        child=StrictCharField(allow_blank=True, max_length=131072), required=False, max_length=1024
+    )
+    cwd = StrictCharField(
+        required=False,
+        max_length=4096,
+        help_text="Working directory inside /workspace (default /workspace).",
+    )
+    env = serializers.DictField(
+        child=StrictCharField(allow_blank=True, max_length=32768), required=False
+    )
+    timeoutMs = StrictIntegerField(required=False, min_value=1)
+
+    def validate_env(self, value: dict) -> dict:
+        for key in value:
+            if not key or "=" in key or "\x00" in key or len(key) > 256:
+                raise serializers.ValidationError(f"invalid variable name {key!r}")
+        return value
+
+
+class CommandResponseSerializer(serializers.Serializer):
+    exitCode = serializers.IntegerField(
+        allow_null=True, help_text="null when the command was killed on timeout"
+    )
+    stdout = serializers.CharField(allow_blank=True)
+    stderr = serializers.CharField(allow_blank=True)
+    durationMs = serializers.IntegerField()
+    timedOut = serializers.BooleanField()
+    truncated = serializers.BooleanField()
+
+
+# --- legacy /api/sandboxes ------------------------------------------------------------------
+
+
+class LegacySandboxSerializer(serializers.Serializer):
+    sandboxId = serializers.CharField()
+    sandboxStatus = serializers.ChoiceField(
+        choices=[(s, s) for s in ("pending", "running", "stopping", "stopped", "failed")]
+    )
+    timeout = serializers.IntegerField()
+    createdAt = serializers.DateTimeField()
+    runId = serializers.CharField(required=False)
+
+    class Meta:
+        ref_name = "Sandbox"
+
+
+class FileTreeEntrySerializer(serializers.Serializer):
+    path = serializers.CharField()
+    type = serializers.ChoiceField(choices=[("blob", "blob"), ("tree", "tree")])
+    sha = serializers.CharField()
+    size = serializers.IntegerField(required=False)
+
+    class Meta:
+        ref_name = "FileTreeEntry"
+
+
+class SandboxesResponseSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=[("success", "success"), ("error", "error")])
+    sandboxes = LegacySandboxSerializer(many=True)
+    snapshot_id = serializers.CharField(allow_null=True, required=False)
+    github_repo = serializers.CharField(allow_null=True, required=False)
+    filetree = FileTreeEntrySerializer(many=True, allow_null=True, required=False)
+    error = serializers.CharField(required=False)
+
+    class Meta:
+        ref_name = "SandboxesResponse"
+
+
+class SandboxesQuerySerializer(serializers.Serializer):
+    sandbox_id = serializers.CharField(required=False, max_length=64)
+    account_id = serializers.UUIDField(required=False)

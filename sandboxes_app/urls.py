@@ -1,0 +1,23 @@
+from django.urls import path
+
+from sandboxes_app.legacy_views import SandboxesView
+from sandboxes_app.views import (
+    SandboxActivityView,
+    SandboxCommandView,
+    SandboxExtendView,
+    SandboxHibernateView,
+    SandboxReconnectView,
+    SandboxStatusView,
+    SandboxView,
+)
+
+urlpatterns = [
+    path("sandbox", SandboxView.as_view(), name="sandbox"),
+    path("sandbox/status", SandboxStatusView.as_view(), name="sandbox-status"),
+    path("sandbox/reconnect", SandboxReconnectView.as_view(), name="sandbox-reconnect"),
+    path("sandbox/commands", SandboxCommandView.as_view(), name="sandbox-commands"),
+    path("sandbox/activity", SandboxActivityView.as_view(), name="sandbox-activity"),
+    path("sandbox/extend", SandboxExtendView.as_view(), name="sandbox-extend"),
+    path("sandbox/hibernate", SandboxHibernateView.as_view(), name="sandbox-hibernate"),
+    path("sandboxes", SandboxesView.as_view(), name="sandboxes"),
+]

@@ -1,0 +1,242 @@
+"""Session sandbox endpoints (seeds 000-002) and their siblings; thin views over services."""
+
+import time
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from recoup.api import validated
+from recoup.schema import ERROR_RESPONSES
+from sandboxes_app import selectors, services
+from sandboxes_app.git.urls import parse_repo_url
+from sandboxes_app.serializers import (
+    CommandRequestSerializer,
+    CommandResponseSerializer,
+    CreateSandboxRequestSerializer,
+    CreateSandboxResponseSerializer,
+    ReconnectResponseSerializer,
+    SandboxStatusResponseSerializer,
+    SessionIdBodySerializer,
+    SessionIdQuerySerializer,
+)
+from sessions_app.models import Session
+from sessions_app.selectors import session_get_owned
+
+
+def owned_session(request: Request, data: dict) -> Session:
+    session = session_get_owned(session_id=data["sessionId"], account=request.user)
+    request._request.log_session_id = session.id
+    return session
+
+
+def actor_of(request: Request) -> str:
+    return f"api:{request.user.pk}"
+
+
+class SandboxView(APIView):
+    @extend_schema(
+        operation_id="createSandbox",
+        summary="Create or restore session sandbox",
+        description=(
+            "Provisions a sandbox for the session, or resumes it from its snapshot when it was "
+            "hibernated. Concurrent calls for one session all answer 200 with the same sandbox. "
+            "An archived session answers 409 until it is un-archived (PATCH status running); "
+            "a session whose sandbox holds another repository answers 400."
+        ),
+        request=CreateSandboxRequestSerializer,
+        responses={
+            200: OpenApiResponse(
+                CreateSandboxResponseSerializer, "Sandbox provisioned and bound to the session."
+            ),
+            **ERROR_RESPONSES(400, 401, 403, 404, 409, 502),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        data = validated(CreateSandboxRequestSerializer, request.data)
+        repo = parse_repo_url(data["repoUrl"])
+        if "sessionId" in data:
+            session = owned_session(request, data)
+            ready = services.session_sandbox_ensure(
+                session_id=session.id, repo=repo, actor=actor_of(request)
+            )
+        else:
+            ready = services.oneshot_sandbox_create(account=request.user, repo=repo)
+        ready_ms = int((time.monotonic() - request._request.received_at) * 1000)
+        body = {
+            "createdAt": selectors.epoch_ms(ready.ready_at),
+            "timeout": settings.SANDBOX_IDLE_TIMEOUT * 1000,
+            "currentBranch": ready.branch,
+            "mode": ready.mode,
+            "timing": {"readyMs": ready_ms},
+        }
+        return Response(CreateSandboxResponseSerializer(body).data)
+
+
+def kick_if_overdue(session: Session) -> None:
+    """Hand an overdue active session to the worker (once per version and reason, not once per
+    poll). Past its expiry a sandbox goes regardless; merely idle, it waits for a running
+    command."""
+    if not selectors.session_is_overdue(session):
+        return
+    expired = selectors.session_is_expired(session)
+    reason = "expiry" if expired else "idle"
+    if not cache.add(f"kick:{session.id}:{session.lifecycle_version}:{reason}", 1, timeout=30):
+        return
+    from lifecycle.tasks import hibernate_session
+
+    transaction.on_commit(
+        lambda: hibernate_session.delay(
+            session.id, session.lifecycle_version, reason, require_idle=not expired
+        )
+    )
+
+
+class SandboxStatusView(APIView):
+    @extend_schema(
+        operation_id="getSandboxStatus",
+        summary="Get session sandbox status",
+        description=(
+            "Database-only read of the session's sandbox lifecycle, cheap enough to poll. "
+            "An overdue active session is handed to the lifecycle workflow as a side effect."
+        ),
+        parameters=[SessionIdQuerySerializer],
+        responses={
+            200: OpenApiResponse(
+                SandboxStatusResponseSerializer, "Sandbox status retrieved successfully."
+            ),
+            **ERROR_RESPONSES(400, 401, 403, 404),
+        },
+    )
+    def get(self, request: Request) -> Response:
+        session = owned_session(
+            request, validated(SessionIdQuerySerializer, request.query_params.dict())
+        )
+        kick_if_overdue(session)
+        return Response(selectors.session_sandbox_status(session))
+
+
+class SandboxReconnectView(APIView):
+    @extend_schema(
+        operation_id="reconnectSandbox",
+        summary="Reconnect to session sandbox",
+        description=(
+            "Live probe of the session's sandbox. Never resumes a sandbox and never resets the "
+            "idle clock."
+        ),
+        parameters=[SessionIdQuerySerializer],
+        responses={
+            200: OpenApiResponse(
+                ReconnectResponseSerializer,
+                "Reconnect probe completed. Inspect `status` for the outcome.",
+            ),
+            **ERROR_RESPONSES(400, 401, 403, 404),
+        },
+    )
+    def get(self, request: Request) -> Response:
+        session = owned_session(
+            request, validated(SessionIdQuerySerializer, request.query_params.dict())
+        )
+        return Response(services.session_reconnect(session=session, actor=actor_of(request)))
+
+
+class SandboxCommandView(APIView):
+    @extend_schema(
+        operation_id="runSandboxCommand",
+        summary="Run a command in the session's sandbox",
+        description=(
+            "Runs `cmd` with `args` (no shell unless you run `sh -c`) inside /workspace. Counts "
+            "as activity; a running command keeps the sandbox from idle hibernation. "
+            "409 when the session has no active sandbox."
+        ),
+        request=CommandRequestSerializer,
+        responses={
+            200: CommandResponseSerializer,
+            **ERROR_RESPONSES(400, 401, 403, 404, 409, 413, 502),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        data = validated(CommandRequestSerializer, request.data)
+        session = owned_session(request, data)
+        timeout_s = data["timeoutMs"] / 1000 if "timeoutMs" in data else None
+        if timeout_s is not None and timeout_s > settings.SANDBOX_COMMAND_MAX_TIMEOUT:
+            raise ValidationError(
+                {"timeoutMs": f"must be at most {settings.SANDBOX_COMMAND_MAX_TIMEOUT * 1000}"}
+            )
+        result = services.session_command_run(
+            session=session,
+            argv=[data["cmd"], *data.get("args", [])],
+            cwd=data.get("cwd"),
+            env=data.get("env"),
+            timeout_s=timeout_s,
+        )
+        return Response(
+            {
+                "exitCode": result.exit_code,
+                "stdout": result.stdout,
+                "stderr": result.stderr,
+                "durationMs": result.duration_ms,
+                "timedOut": result.timed_out,
+                "truncated": result.truncated,
+            }
+        )
+
+
+def _session_action_schema(operation_id: str, summary: str, description: str, code: int = 200):
+    return extend_schema(
+        operation_id=operation_id,
+        summary=summary,
+        description=description,
+        request=SessionIdBodySerializer,
+        responses={
+            code: SandboxStatusResponseSerializer,
+            **ERROR_RESPONSES(400, 401, 403, 404, 409),
+        },
+    )
+
+
+class SandboxActivityView(APIView):
+    @_session_action_schema(
+        "touchSandboxActivity",
+        "Reset the sandbox's idle clock",
+        "Pushes `hibernateAfter` to now + the idle timeout. 409 without an active sandbox.",
+    )
+    def post(self, request: Request) -> Response:
+        session = owned_session(request, validated(SessionIdBodySerializer, request.data))
+        session = services.session_activity_touch(session=session)
+        return Response(selectors.session_sandbox_status(session))
+
+
+class SandboxExtendView(APIView):
+    @_session_action_schema(
+        "extendSandbox",
+        "Extend the sandbox's expiry",
+        "Pushes `sandboxExpiresAt` out by SANDBOX_EXTEND seconds, capped at "
+        "SANDBOX_MAX_LIFETIME from the sandbox's creation. 409 without an active sandbox.",
+    )
+    def post(self, request: Request) -> Response:
+        session = owned_session(request, validated(SessionIdBodySerializer, request.data))
+        session = services.session_extend(session=session, actor=actor_of(request))
+        return Response(selectors.session_sandbox_status(session))
+
+
+class SandboxHibernateView(APIView):
+    @_session_action_schema(
+        "hibernateSandbox",
+        "Hibernate the sandbox now",
+        "Accepted for the worker: snapshot, verify, stop, then mark hibernated. Idempotent: a "
+        "session with nothing to hibernate answers 202 too.",
+        code=202,
+    )
+    def post(self, request: Request) -> Response:
+        session = owned_session(request, validated(SessionIdBodySerializer, request.data))
+        from lifecycle.tasks import hibernate_session
+
+        transaction.on_commit(lambda: hibernate_session.delay(session.id, None, "requested"))
+        return Response(selectors.session_sandbox_status(session), status=status.HTTP_202_ACCEPTED)

@@ -1,0 +1,75 @@
+"""Fixtures for the local provider's tests: a private SANDBOX_ROOT and snapshot storage per
+test, real git origins (tests.support.origin), and a provider that destroys whatever the test
+left running, so no sandbox process outlives its test."""
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.core.files.storage import storages
+
+from sandboxes_app.providers.base import GitSource
+from sandboxes_app.providers.local import LocalProvider
+
+
+@pytest.fixture
+def sandbox_root(tmp_path, settings) -> Path:
+    """SANDBOX_ROOT and the "snapshots" storage under this test's tmp_path."""
+    settings.SANDBOX_ROOT = tmp_path / "sandboxes"
+    settings.GITHUB_TOKEN = ""
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "snapshots": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path / "snapshots")},
+        },
+    }
+    assert storages["snapshots"].location == str(tmp_path / "snapshots")
+    return settings.SANDBOX_ROOT
+
+
+@pytest.fixture
+def make_provider(sandbox_root) -> Iterator[Callable[[], LocalProvider]]:
+    """Builds providers from the current settings; destroys every sandbox of the root after."""
+    made: list[LocalProvider] = []
+
+    def make() -> LocalProvider:
+        made.append(LocalProvider.from_settings())
+        return made[-1]
+
+    yield make
+    if made and sandbox_root.exists():
+        for path in sandbox_root.iterdir():
+            if not path.name.startswith("_"):
+                made[0].destroy(name=path.name)
+
+
+@pytest.fixture
+def provider(make_provider) -> LocalProvider:
+    return make_provider()
+
+
+@pytest.fixture
+def source(origins) -> GitSource:
+    """acme/app with a small tree: a README, an executable script and a nested file."""
+    origins.create(
+        "acme",
+        "app",
+        {
+            "README.md": "# app\n",
+            "scripts/run.sh": "#!/bin/sh\necho run\n",
+            "src/pkg/main.py": "print('hello')\n",
+        },
+    )
+    return GitSource(clone_url=f"{origins.base_url}/acme/app.git")
+
+
+@pytest.fixture
+def new_name() -> Callable[[], str]:
+    return lambda: f"t-{uuid.uuid4().hex[:12]}"
+
+
+def upper_dir(root: Path, name: str) -> Path:
+    """Where the workspace (or its overlay upper layer) of `name` lives on the host."""
+    return root / name / "upper"
