@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from recoup.accounts.keys import generate_raw_key
 from recoup.accounts.models import Account, ApiKey
 from recoup.accounts.services import api_key_issue, api_key_revoke
 from sessions_app.services import session_create
@@ -155,6 +156,14 @@ def test_it_issues_prefixed_keys_and_stores_only_their_hmac_digest(owner, settin
     assert stored.prefix == raw[len("recoup_sk_") :][:8]
     assert stored.label == "ci"
     assert api_key_issue(account=owner.account).raw_key != raw
+
+
+def test_key_secrets_are_letters_and_digits_only():
+    # A display prefix starting with "-" once made `revoke_api_key <prefix>` parse as an option.
+    secrets = {generate_raw_key().removeprefix("recoup_sk_") for _ in range(2000)}
+
+    assert len(secrets) == 2000
+    assert all(len(secret) == 32 and secret.isascii() and secret.isalnum() for secret in secrets)
 
 
 @pytest.mark.django_db

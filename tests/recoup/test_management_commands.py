@@ -94,6 +94,15 @@ def test_revoking_by_display_prefix_makes_the_key_fail(owner):
     assert sessions_status(owner.raw_key) == 200  # only the named key
 
 
+def test_revoking_by_the_prefixed_display_form_makes_the_key_fail(owner):
+    _, raw_key = create_api_key("--email", "owner@example.com")
+
+    call_command("revoke_api_key", "recoup_sk_" + display_prefix(raw_key), stdout=StringIO())
+
+    assert sessions_status(raw_key) == 401
+    assert sessions_status(owner.raw_key) == 200
+
+
 def test_revoking_by_numeric_id_makes_the_key_fail(owner, member):
     api_key = ApiKey.objects.get(account=member.account)
 

@@ -4,7 +4,10 @@ from recoup.accounts.services import api_key_revoke
 
 
 class Command(BaseCommand):
-    help = "Revoke API keys by their display prefix (the 8 characters after recoup_sk_) or id."
+    help = (
+        "Revoke API keys by their display prefix (the 8 characters after recoup_sk_, "
+        "with or without recoup_sk_) or by id."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("prefix_or_id")
