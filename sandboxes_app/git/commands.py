@@ -17,6 +17,7 @@ from django.conf import settings
 
 from sandboxes_app.providers.base import ProviderError
 
+PUBLIC_BASE_URL = "https://github.com"
 _BRANCH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]{0,200}")
 
 
@@ -71,9 +72,23 @@ def run_git(argv: list[str], *, cwd: Path | None = None, trust_repo: bool = Fals
         timeout=settings.SANDBOX_COMMAND_MAX_TIMEOUT,
     )
     if proc.returncode != 0:
-        detail = proc.stderr.decode(errors="replace").strip()[-500:]
+        detail = public_text(proc.stderr.decode(errors="replace").strip())[-500:]
         raise GitError(f"git {argv[1] if len(argv) > 1 else ''} failed: {detail}")
     return proc.stdout.decode(errors="replace")
+
+
+def public_text(text: str) -> str:
+    """git's message as a client may read it: without the mirror's address or host paths.
+
+    The message reaches API responses and `lifecycleError`; the client only knows the
+    `https://github.com/...` form of its repository, and the host's layout is none of its
+    business.
+    """
+    base = settings.SANDBOX_GIT_BASE_URL
+    text = text.replace(base, PUBLIC_BASE_URL)
+    if base.startswith("file://"):  # git names a local mirror by its path
+        text = text.replace(base.removeprefix("file://"), PUBLIC_BASE_URL)
+    return text.replace(str(settings.SANDBOX_ROOT), "<sandboxes>")
 
 
 def git_clone(*, url: str, dest: Path, branch: str | None) -> None:

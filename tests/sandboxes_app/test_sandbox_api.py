@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+from django.conf import settings
 from django.db import connections
 from rest_framework.test import APIClient
 
@@ -128,7 +129,11 @@ def test_a_provider_failure_is_502_and_the_session_recovers(owner, origins):
     assert_matches_seed("post", "/api/sandbox", failed)
     session = Session.objects.get(id=session_id)
     assert session.lifecycle_state == "failed"
-    assert session.lifecycle_error
+    assert "https://github.com/acme/missing" in session.lifecycle_error
+    # git's own message names the repository as the client knows it, not the mirror or our disk.
+    for private in (settings.SANDBOX_GIT_BASE_URL, str(settings.SANDBOX_ROOT)):
+        assert private not in failed.json()["error"]
+        assert private not in session.lifecycle_error
 
     origins.create("acme", "missing", {"a.txt": "now it exists\n"})
     recovered = post_sandbox(owner.client, body)
