@@ -194,6 +194,10 @@ SANDBOX_GIT_BASE_URL = env_str("SANDBOX_GIT_BASE_URL", "https://github.com").rst
 GITHUB_TOKEN = env_str("GITHUB_TOKEN", "")
 SANDBOX_ROOT = Path(env_str("SANDBOX_ROOT", str(DATA_DIR / "sandboxes"))).resolve()
 SANDBOX_ISOLATION = env_choice("SANDBOX_ISOLATION", "bwrap", ("bwrap", "none"))
+# The unprivileged user sandbox commands run as. Without a user namespace these are host ids:
+# pick ones no host account uses. Never root.
+SANDBOX_UID = env_int("SANDBOX_UID", 1000, minimum=1)
+SANDBOX_GID = env_int("SANDBOX_GID", SANDBOX_UID, minimum=1)
 SANDBOX_NETWORK = env_choice("SANDBOX_NETWORK", "off", ("off", "on"))
 SANDBOX_IDLE_TIMEOUT = env_int("SANDBOX_IDLE_TIMEOUT", 300, minimum=1)
 SANDBOX_TIMEOUT = env_int("SANDBOX_TIMEOUT", 1800, minimum=1)

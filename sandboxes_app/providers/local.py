@@ -57,6 +57,7 @@ from sandboxes_app.providers.local_layout import (
     file_lock,
     live_init,
     read_json,
+    sandbox_ids,
     snapshot_from_dict,
     snapshot_to_dict,
     write_json,
@@ -405,7 +406,8 @@ class LocalProvider(SandboxProvider):
             with base_lock(root=self.root, sha256=base.sha256, shared=True):
                 lower = ensure_base_cache(root=self.root, base=base)
         etc = self.root / ("_etc-net" if self.network else "_etc")
-        write_etc(etc, network=self.network)
+        uid, gid = sandbox_ids()
+        write_etc(etc, network=self.network, uid=uid, gid=gid)
         record = start_init(
             paths=paths,
             etc=etc,

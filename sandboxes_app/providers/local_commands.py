@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sandboxes_app.providers.base import CommandResult, ProviderError
 from sandboxes_app.providers.local_cgroups import SandboxCgroups
-from sandboxes_app.providers.local_layout import SANDBOX_GID, SANDBOX_UID, SandboxPaths
+from sandboxes_app.providers.local_layout import SandboxPaths
 from sandboxes_app.providers.local_runtime import JOIN_AND_EXEC, Limits
 
 WORKSPACE = "/workspace"
@@ -50,8 +50,8 @@ def command_argv(
         argv += ["nsenter", "--target", str(record["pid"]), "--all", "--root", "--wd", "--"]
         argv += [
             "setpriv",
-            f"--reuid={SANDBOX_UID}",
-            f"--regid={SANDBOX_GID}",
+            f"--reuid={record['uid']}",
+            f"--regid={record['gid']}",
             "--clear-groups",
             "--no-new-privs",
             "--inh-caps=-all",

@@ -29,11 +29,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from django.conf import settings
+
 from sandboxes_app.providers.base import ProviderError, SnapshotInfo
 
-# The sandbox user; without a user namespace this is also its uid on the host.
-SANDBOX_UID = 1000
-SANDBOX_GID = 1000
+
+def sandbox_ids() -> tuple[int, int]:
+    """(uid, gid) of the sandbox user: SANDBOX_UID and SANDBOX_GID.
+
+    Without a user namespace these are ids on the host too, so an operator picks ones no host
+    account uses. Read at each use: a resumed workspace is re-owned to the current ids.
+    """
+    return settings.SANDBOX_UID, settings.SANDBOX_GID
+
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 

@@ -28,11 +28,10 @@ from pathlib import Path
 from sandboxes_app.providers.base import ProviderError
 from sandboxes_app.providers.local_cgroups import SandboxCgroups
 from sandboxes_app.providers.local_layout import (
-    SANDBOX_GID,
-    SANDBOX_UID,
     SandboxPaths,
     init_record,
     process_start_time,
+    sandbox_ids,
 )
 
 logger = logging.getLogger(__name__)
@@ -70,16 +69,16 @@ class Limits:
     cpu_seconds: int
 
 
-def write_etc(etc: Path, *, network: bool) -> None:
+def write_etc(etc: Path, *, network: bool, uid: int, gid: int) -> None:
     """The sandbox's own /etc files: a passwd with the sandbox user, hosts, resolv.conf, git."""
     etc.mkdir(parents=True, exist_ok=True)
     files = {
         "passwd": (
             "root:x:0:0:root:/root:/usr/sbin/nologin\n"
-            f"sandbox:x:{SANDBOX_UID}:{SANDBOX_GID}:sandbox:{HOME}:/bin/sh\n"
+            f"sandbox:x:{uid}:{gid}:sandbox:{HOME}:/bin/sh\n"
             "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
         ),
-        "group": f"root:x:0:\nsandbox:x:{SANDBOX_GID}:\nnogroup:x:65534:\n",
+        "group": f"root:x:0:\nsandbox:x:{gid}:\nnogroup:x:65534:\n",
         "hosts": "127.0.0.1 localhost\n::1 localhost\n",
         # slirp4netns's built-in DNS forwarder; with the network off there is nothing to ask.
         "resolv.conf": "nameserver 10.0.2.3\n" if network else "",
@@ -197,7 +196,10 @@ def start_init(
         launcher.stdout.close()
         launcher.stderr.close()
         launcher.wait()
-    record = init_record(pid=info["child-pid"], extra={"network": network})
+    # Commands of this init run as the ids its /etc/passwd names, whatever the settings say
+    # by the time they come.
+    uid, gid = sandbox_ids()
+    record = init_record(pid=info["child-pid"], extra={"network": network, "uid": uid, "gid": gid})
     if network:
         record["slirp_pid"] = _start_slirp(pid=record["pid"], cgroups=cgroups)
     return record

@@ -11,10 +11,9 @@ from pathlib import Path
 
 from sandboxes_app.providers.base import SnapshotInfo
 from sandboxes_app.providers.local_layout import (
-    SANDBOX_GID,
-    SANDBOX_UID,
     base_cache_dir,
     file_lock,
+    sandbox_ids,
 )
 from sandboxes_app.snapshots import snapshot_extract
 
@@ -32,6 +31,8 @@ def ensure_base_cache(*, root: Path, base: SnapshotInfo) -> Path:
     """
     cache = base_cache_dir(root=root, sha256=base.sha256)
     if cache.is_dir():
+        if cache.stat().st_uid != sandbox_ids()[0]:
+            chown_to_sandbox(cache)  # extracted before SANDBOX_UID changed
         return cache
     tmp = cache.parent / f".tmp-{uuid.uuid4().hex}"
     tmp.mkdir(parents=True)
@@ -42,6 +43,7 @@ def ensure_base_cache(*, root: Path, base: SnapshotInfo) -> Path:
             size_bytes=base.size_bytes,
             dest=tmp,
         )
+        chown_to_sandbox(tmp)  # the archive holds the ids of the day it was built
         try:
             os.rename(tmp, cache)
         except OSError:
@@ -63,7 +65,8 @@ def adopt_as_base_cache(*, root: Path, tree: Path, sha256: str) -> None:
 
 def chown_to_sandbox(top: Path) -> None:
     """Give every entry under `top` (symlinks themselves, not targets) to the sandbox user."""
-    os.lchown(top, SANDBOX_UID, SANDBOX_GID)
+    uid, gid = sandbox_ids()
+    os.lchown(top, uid, gid)
     stack = [top]
     while stack:
         with os.scandir(stack.pop()) as entries:
@@ -71,8 +74,8 @@ def chown_to_sandbox(top: Path) -> None:
                 st = entry.stat(follow_symlinks=False)
                 if stat.S_ISCHR(st.st_mode):
                     continue  # overlay whiteouts stay as overlayfs made them
-                if st.st_uid != SANDBOX_UID or st.st_gid != SANDBOX_GID:
-                    os.lchown(entry.path, SANDBOX_UID, SANDBOX_GID)
+                if st.st_uid != uid or st.st_gid != gid:
+                    os.lchown(entry.path, uid, gid)
                 if stat.S_ISDIR(st.st_mode):
                     stack.append(Path(entry.path))
 

@@ -38,6 +38,54 @@ def test_it_runs_commands_as_an_unprivileged_user_without_capabilities(provider,
     assert all(line.split()[1] == "0000000000000000" for line in lines[2:5]), result.stdout
 
 
+def test_commands_run_as_the_configured_ids_which_own_the_workspace(
+    provider, source, new_name, sandbox_root, settings
+):
+    settings.SANDBOX_UID, settings.SANDBOX_GID = 4321, 4322
+    name = new_name()
+    provider.create(name=name, source=source)
+
+    result = sh(provider, name, "id -u; id -g; id -un; touch made-inside")
+
+    assert result.stdout.split() == ["4321", "4322", "sandbox"], result.stderr
+    upper = upper_dir(sandbox_root, name)
+    owners = {(p.lstat().st_uid, p.lstat().st_gid) for p in [upper, *upper.rglob("*")]}
+    assert owners == {(4321, 4322)}
+
+
+def test_a_running_sandbox_keeps_its_ids_and_a_resume_takes_the_new_ones(
+    provider, source, new_name, settings
+):
+    before = settings.SANDBOX_UID
+    name = new_name()
+    provider.create(name=name, source=source)
+    assert sh(provider, name, "echo mine > notes.txt").exit_code == 0
+    settings.SANDBOX_UID = settings.SANDBOX_GID = 4321
+
+    assert sh(provider, name, "id -u").stdout.strip() == str(before)
+    snapshot = provider.snapshot(name=name, storage_key=f"snapshots/{name}.tar.zst")
+    provider.destroy(name=name)
+    provider.resume(name=name, snapshot=snapshot)
+
+    result = sh(provider, name, "id -u; cat notes.txt; echo more >> notes.txt && echo written")
+    assert result.stdout.split() == ["4321", "mine", "written"], result.stderr
+
+
+def test_a_base_built_under_other_ids_is_writable_by_the_current_ones(
+    provider, source, new_name, settings
+):
+    base = provider.build_base(source=source, storage_key="bases/app.tar.zst")
+    settings.SANDBOX_UID = settings.SANDBOX_GID = 4321
+    name = new_name()
+    provider.create(name=name, source=source, base=base)
+
+    # README.md and src/pkg/ come from the base's (lower) layer: 0644 files, 0755 directories.
+    result = sh(provider, name, "echo more >> README.md && mkdir src/pkg/new && git status -s")
+
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.split() == ["M", "README.md"]
+
+
 def test_it_hides_host_secrets_and_root_home(provider, sandbox):
     assert Path("/etc/shadow").exists()
 
