@@ -80,6 +80,7 @@ from sandboxes_app.providers.local_workspace import (
     chown_to_sandbox,
     ensure_base_cache,
     head_branch,
+    own_if_stale,
 )
 from sandboxes_app.snapshots import snapshot_delete, snapshot_extract, snapshot_verify
 from sandboxes_app.snapshots import snapshot_write as store_tree
@@ -178,6 +179,7 @@ class LocalProvider(SandboxProvider):
                     size_bytes=snapshot.size_bytes,
                     dest=paths.upper,
                 )
+                own_if_stale(paths.upper)
                 meta = self._meta(
                     paths=paths,
                     branch=head_branch(layers=layers),

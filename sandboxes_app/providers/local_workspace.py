@@ -31,8 +31,7 @@ def ensure_base_cache(*, root: Path, base: SnapshotInfo) -> Path:
     """
     cache = base_cache_dir(root=root, sha256=base.sha256)
     if cache.is_dir():
-        if cache.stat().st_uid != sandbox_ids()[0]:
-            chown_to_sandbox(cache)  # extracted before SANDBOX_UID changed
+        own_if_stale(cache)  # extracted before SANDBOX_UID changed
         return cache
     tmp = cache.parent / f".tmp-{uuid.uuid4().hex}"
     tmp.mkdir(parents=True)
@@ -61,6 +60,16 @@ def adopt_as_base_cache(*, root: Path, tree: Path, sha256: str) -> None:
     cache.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(OSError):
         os.rename(tree, cache)
+
+
+def own_if_stale(top: Path) -> None:
+    """Re-own a tree unpacked from an archive made under other ids (SANDBOX_UID changed).
+
+    The archive's top directory carries the ids of its day, so one stat tells.
+    """
+    st = top.stat()
+    if (st.st_uid, st.st_gid) != sandbox_ids():
+        chown_to_sandbox(top)
 
 
 def chown_to_sandbox(top: Path) -> None:
