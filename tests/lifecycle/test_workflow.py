@@ -87,7 +87,8 @@ def test_status_kicks_the_workflow_for_an_overdue_session(owner, repo_url, worke
 def test_a_running_command_keeps_the_sandbox_awake(owner, repo_url, worker, fast_sweep):
     session_id = new_session(owner)
     start_sandbox(owner, session_id, repo_url)
-    command = threading.Thread(target=sh, args=(owner, session_id, "sleep 4"))
+    # Long enough to outlast the sweep and its task on a loaded machine.
+    command = threading.Thread(target=sh, args=(owner, session_id, "sleep 8"))
     command.start()
     name = session_sandbox_name(session_id)
     wait_for(lambda: get_provider().running_commands(name=name) > 0, timeout=10)
@@ -332,7 +333,8 @@ def test_a_runtime_found_dead_by_reconnect_is_hibernated_from_disk(owner, repo_u
 def test_a_status_kick_waits_for_a_running_command_unless_expired(owner, repo_url, worker):
     session_id = new_session(owner)
     start_sandbox(owner, session_id, repo_url)
-    command = threading.Thread(target=sh, args=(owner, session_id, "sleep 4"))
+    # Long enough to outlast the sweep and its task on a loaded machine.
+    command = threading.Thread(target=sh, args=(owner, session_id, "sleep 8"))
     command.start()
     name = session_sandbox_name(session_id)
     wait_for(lambda: get_provider().running_commands(name=name) > 0, timeout=10)
