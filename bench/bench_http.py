@@ -37,6 +37,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+DESTROY_ALL_SANDBOXES = """
+from django.conf import settings
+from sandboxes_app.providers.base import get_provider
+provider = get_provider()
+for path in settings.SANDBOX_ROOT.iterdir():
+    if not path.name.startswith("_"):
+        provider.destroy(name=path.name)
+"""
+
+
 class Service:
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
@@ -224,6 +234,14 @@ def main() -> None:
             print(f"| {name} | {statistics.median(values):.0f} | {max(values):.0f} |")
     finally:
         service.stop()
+        # The sandboxes outlive the service's processes: stop their inits and remove their
+        # cgroups through the provider before their directory goes.
+        subprocess.run(
+            [sys.executable, "manage.py", "shell", "--no-imports", "-c", DESTROY_ALL_SANDBOXES],
+            cwd=ROOT,
+            env=env,
+            check=False,
+        )
         subprocess.run(["rm", "-rf", data_dir], check=False)
         with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
