@@ -15,9 +15,9 @@ from pathlib import Path
 
 from django.conf import settings
 
+from sandboxes_app.git.urls import PUBLIC_BASE_URL
 from sandboxes_app.providers.base import ProviderError
 
-PUBLIC_BASE_URL = "https://github.com"
 _BRANCH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]{0,200}")
 
 

@@ -15,7 +15,9 @@ from recoup.errors import ApplicationError
 _OWNER = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9]|-(?=[A-Za-z0-9])){0,38}")
 # GitHub: up to 100 of letters, digits, '.', '_', '-'; we also refuse a leading '-' or '.'.
 _REPO = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
-_PREFIX = "https://github.com/"
+# The only host clients name; SANDBOX_GIT_BASE_URL may serve the same paths from elsewhere.
+PUBLIC_BASE_URL = "https://github.com"
+_PREFIX = f"{PUBLIC_BASE_URL}/"
 
 
 class InvalidRepoUrl(ApplicationError):
@@ -30,7 +32,7 @@ class RepoRef:
     @property
     def url(self) -> str:
         """The canonical public URL, as clients send it."""
-        return f"https://github.com/{self.owner}/{self.name}"
+        return f"{PUBLIC_BASE_URL}/{self.owner}/{self.name}"
 
     @property
     def clone_url(self) -> str:

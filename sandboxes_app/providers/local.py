@@ -417,6 +417,8 @@ class LocalProvider(SandboxProvider):
             cgroups=cgroups,
             limits=self.limits,
             network=self.network,
+            uid=uid,
+            gid=gid,
         )
         write_json(paths.init, record)
 

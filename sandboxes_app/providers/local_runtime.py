@@ -31,7 +31,6 @@ from sandboxes_app.providers.local_layout import (
     SandboxPaths,
     init_record,
     process_start_time,
-    sandbox_ids,
 )
 
 logger = logging.getLogger(__name__)
@@ -123,8 +122,14 @@ def start_init(
     cgroups: SandboxCgroups | None,
     limits: Limits,
     network: bool,
+    uid: int,
+    gid: int,
 ) -> dict:
-    """Start the sandbox's init over its workspace and return its init record."""
+    """Start the sandbox's init over its workspace and return its init record.
+
+    `uid`/`gid` are the ids `etc`'s passwd names; the record keeps them so this init's commands
+    run as them whatever the settings say by the time they come.
+    """
     if cgroups is not None:
         cgroups.kill_all_and_remove()
         cgroups.setup(memory_mb=limits.memory_mb, max_processes=limits.max_processes)
@@ -196,9 +201,6 @@ def start_init(
         launcher.stdout.close()
         launcher.stderr.close()
         launcher.wait()
-    # Commands of this init run as the ids its /etc/passwd names, whatever the settings say
-    # by the time they come.
-    uid, gid = sandbox_ids()
     record = init_record(pid=info["child-pid"], extra={"network": network, "uid": uid, "gid": gid})
     if network:
         record["slirp_pid"] = _start_slirp(pid=record["pid"], cgroups=cgroups)

@@ -42,7 +42,7 @@ def ensure_base_cache(*, root: Path, base: SnapshotInfo) -> Path:
             size_bytes=base.size_bytes,
             dest=tmp,
         )
-        chown_to_sandbox(tmp)  # the archive holds the ids of the day it was built
+        own_if_stale(tmp)  # the archive holds the ids of the day it was built
         try:
             os.rename(tmp, cache)
         except OSError:

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from sandboxes_app.git.commands import GitError, git_clone
 from sandboxes_app.git.urls import InvalidRepoUrl, parse_repo_url
 from sandboxes_app.providers.base import GitSource, ProviderError, SandboxStatus
 
@@ -97,6 +98,26 @@ def test_the_clone_url_follows_the_configured_base(settings):
     assert parse_repo_url("https://github.com/acme/app.git").clone_url == (
         "file:///srv/origins/acme/app.git"
     )
+
+
+def test_git_failures_name_neither_the_mirror_nor_host_paths(origins, sandbox_root):
+    """git's message reaches 502 bodies and lifecycleError, so it speaks the client's terms."""
+    origins.create("acme", "app", {"a.txt": "a\n"})
+    taken = sandbox_root / "taken"
+    (taken / "something").mkdir(parents=True)
+
+    with pytest.raises(GitError) as missing:
+        git_clone(
+            url=f"{origins.base_url}/acme/missing.git", dest=sandbox_root / "new", branch=None
+        )
+    with pytest.raises(GitError) as occupied:
+        git_clone(url=f"{origins.base_url}/acme/app.git", dest=taken, branch=None)
+
+    assert "https://github.com/acme/missing.git" in str(missing.value)
+    assert "'<sandboxes>/taken' already exists" in str(occupied.value)
+    mirror = origins.base_url.removeprefix("file://")
+    for message in (str(missing.value), str(occupied.value)):
+        assert mirror not in message and str(sandbox_root) not in message
 
 
 @pytest.mark.parametrize(
