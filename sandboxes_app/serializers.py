@@ -4,6 +4,7 @@ from rest_framework import serializers
 
 from lifecycle.states import LifecycleState
 from recoup.fields import StrictCharField, StrictIntegerField
+from sandboxes_app.providers.base import MAX_ENV_VALUE, MAX_ENV_VARS, env_problem
 
 # --- shared ---------------------------------------------------------------------------------
 
@@ -110,14 +111,21 @@ class CommandRequestSerializer(serializers.Serializer):
         help_text="Working directory inside /workspace (default /workspace).",
     )
     env = serializers.DictField(
-        child=StrictCharField(allow_blank=True, max_length=32768), required=False
+        child=StrictCharField(allow_blank=True, max_length=MAX_ENV_VALUE),
+        required=False,
+        help_text=(
+            "Variables set for the command only, over the defaults (PATH, HOME, LANG, USER). "
+            f"Names match [A-Za-z_][A-Za-z0-9_]*; at most {MAX_ENV_VARS} variables, "
+            f"{MAX_ENV_VALUE} bytes a value, no NUL. They reach only the command, inside the "
+            "sandbox."
+        ),
     )
     timeoutMs = StrictIntegerField(required=False, min_value=1)
 
     def validate_env(self, value: dict) -> dict:
-        for key in value:
-            if not key or "=" in key or "\x00" in key or len(key) > 256:
-                raise serializers.ValidationError(f"invalid variable name {key!r}")
+        problem = env_problem(value)
+        if problem is not None:
+            raise serializers.ValidationError(problem)
         return value
 
 

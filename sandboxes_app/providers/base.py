@@ -10,8 +10,43 @@ from __future__ import annotations
 
 import abc
 import enum
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
+
+# What any provider accepts as a command's environment: names a POSIX shell can export, values
+# without NUL that encode as UTF-8, and bounded sizes (the whole set must fit one exec).
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_ENV_VARS = 256
+MAX_ENV_NAME = 256
+MAX_ENV_VALUE = 32768
+MAX_ENV_TOTAL = 262144
+
+
+def env_problem(env: dict) -> str | None:
+    """Why `env` cannot be a command's environment, naming the variable; None when it can."""
+    if len(env) > MAX_ENV_VARS:
+        return f"at most {MAX_ENV_VARS} variables"
+    total = 0
+    for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+            return f"{str(name)[:64]!r} is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)"
+        if len(name) > MAX_ENV_NAME:
+            return f"{name[:64]}...: names are at most {MAX_ENV_NAME} characters"
+        if not isinstance(value, str):
+            return f"{name}: the value must be a string"
+        if "\0" in value:
+            return f"{name}: the value must not contain NUL"
+        try:
+            size = len(value.encode())
+        except UnicodeEncodeError:
+            return f"{name}: the value must be valid Unicode (no lone surrogates)"
+        if size > MAX_ENV_VALUE:
+            return f"{name}: values are at most {MAX_ENV_VALUE} bytes"
+        total += len(name) + size + 2
+    if total > MAX_ENV_TOTAL:
+        return f"at most {MAX_ENV_TOTAL} bytes in all"
+    return None
 
 
 class ProviderError(Exception):

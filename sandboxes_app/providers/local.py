@@ -14,7 +14,6 @@ import functools
 import hashlib
 import logging
 import os
-import re
 import shutil
 import uuid
 from datetime import UTC, datetime
@@ -41,11 +40,13 @@ from sandboxes_app.providers.base import (
     SandboxProvider,
     SandboxStatus,
     SnapshotInfo,
+    env_problem,
 )
 from sandboxes_app.providers.local_cgroups import SandboxCgroups, cgroups_available
 from sandboxes_app.providers.local_commands import (
     Command,
     command_argv,
+    command_script,
     execute,
     kill_tree,
     resolve_cwd,
@@ -69,11 +70,13 @@ from sandboxes_app.providers.local_runtime import (
     Limits,
     check_isolation,
     in_overlay_namespace,
+    link_lower,
+    memfd_with,
     start_init,
     start_placeholder,
     stop_init,
-    write_etc,
 )
+from sandboxes_app.providers.local_seccomp import open_seccomp_bpf
 from sandboxes_app.providers.local_workspace import (
     adopt_as_base_cache,
     base_lock,
@@ -87,7 +90,6 @@ from sandboxes_app.snapshots import snapshot_write as store_tree
 
 logger = logging.getLogger(__name__)
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PROBE = ["pwd"]
 
 
@@ -172,7 +174,6 @@ class LocalProvider(SandboxProvider):
                 layers = [paths.upper]
                 if snapshot.base is not None:
                     layers.append(ensure_base_cache(root=self.root, base=snapshot.base))
-                    paths.work.mkdir()
                 snapshot_extract(
                     storage_key=snapshot.storage_key,
                     sha256=snapshot.sha256,
@@ -318,13 +319,21 @@ class LocalProvider(SandboxProvider):
 
     def file_tree(self, *, source: GitSource) -> list[FileTreeEntry]:
         return file_tree(
-            url=source.clone_url, branch=source.branch, cache_root=self.root / "_trees"
+            url=source.clone_url,
+            branch=source.branch,
+            cache_root=self.root / "_trees",
         )
 
     # -- internals -------------------------------------------------------------------------
 
     def _paths(self, name: str) -> SandboxPaths:
         return SandboxPaths(root=self.root, name=check_name(name))
+
+    def _own_root(self) -> None:
+        """SANDBOX_ROOT is root's alone (0700): no host user can reach a workspace in it."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self.root.stat().st_mode & 0o777 != 0o700:
+            os.chmod(self.root, 0o700)
 
     def _cgroups(self, name: str) -> SandboxCgroups | None:
         if not self.use_cgroups:
@@ -347,10 +356,15 @@ class LocalProvider(SandboxProvider):
             shutil.rmtree(paths.dir)
 
     def _prepare(self, *, paths: SandboxPaths, source: GitSource, base: SnapshotInfo | None):
+        self._own_root()
         paths.dir.mkdir(parents=True)
         try:
             if base is None:
-                git_clone(url=source.clone_url, dest=paths.upper, branch=source.branch)
+                git_clone(
+                    url=source.clone_url,
+                    dest=paths.upper,
+                    branch=source.branch,
+                )
                 chown_to_sandbox(paths.upper)
                 branch = head_branch(layers=[paths.upper])
                 meta = self._meta(paths=paths, branch=branch, base=None, boot="clone")
@@ -375,14 +389,17 @@ class LocalProvider(SandboxProvider):
             raise ProviderError("SANDBOX_ISOLATION=none cannot layer a sandbox on a base")
         with base_lock(root=self.root, sha256=base.sha256, shared=True):
             lower = ensure_base_cache(root=self.root, base=base)
+            link_lower(paths=paths, base_cache=lower)
             paths.upper.mkdir()
-            paths.work.mkdir()
             chown_to_sandbox(paths.upper)
             branch, remote_sha = remote_head(url=source.clone_url, branch=source.branch)
             if local_head(repo=lower) == (branch, remote_sha):
                 return branch, False
             for argv in fast_forward_argvs(repo=paths.merged, url=source.clone_url, branch=branch):
-                run_git(in_overlay_namespace(lower=lower, paths=paths, argv=argv), trust_repo=True)
+                run_git(
+                    in_overlay_namespace(paths=paths, argv=argv),
+                    trust_repo=True,
+                )
             chown_to_sandbox(paths.upper)
         return branch, True
 
@@ -402,24 +419,27 @@ class LocalProvider(SandboxProvider):
                 )
             write_json(paths.init, start_placeholder())
             return
+        self._own_root()
         lower = None
         base = snapshot_from_dict(meta["base"])
         if base is not None:
             with base_lock(root=self.root, sha256=base.sha256, shared=True):
                 lower = ensure_base_cache(root=self.root, base=base)
-        etc = self.root / ("_etc-net" if self.network else "_etc")
+        link_lower(paths=paths, base_cache=lower)
         uid, gid = sandbox_ids()
-        write_etc(etc, network=self.network, uid=uid, gid=gid)
-        record = start_init(
-            paths=paths,
-            etc=etc,
-            lower=lower,
-            cgroups=cgroups,
-            limits=self.limits,
-            network=self.network,
-            uid=uid,
-            gid=gid,
-        )
+        seccomp_fd = open_seccomp_bpf(root=self.root)
+        try:
+            record = start_init(
+                paths=paths,
+                cgroups=cgroups,
+                limits=self.limits,
+                network=self.network,
+                uid=uid,
+                gid=gid,
+                seccomp_fd=seccomp_fd,
+            )
+        finally:
+            os.close(seccomp_fd)
         write_json(paths.init, record)
 
     def _stop(self, paths: SandboxPaths) -> None:
@@ -449,32 +469,36 @@ class LocalProvider(SandboxProvider):
         isolated = self.isolation != "none"
         command = Command(
             argv=list(argv),
-            cwd=workspace_cwd,
+            # SANDBOX_ISOLATION=none runs on the host, in the workspace's host path.
+            cwd=workspace_cwd if isolated else str(paths.upper) + workspace_cwd[len(WORKSPACE) :],
             env=self._command_env(env, home=HOME if isolated else str(paths.upper)),
             timeout_s=self._timeout(timeout_s),
             output_cap=self.output_cap,
         )
-        host_cwd = str(paths.upper) + workspace_cwd[len(WORKSPACE) :]
         cgroups = self._cgroups(name)
         run_id = uuid.uuid4().hex[:16]
-        with run_marker(paths) if track else contextlib.nullcontext():
+        with contextlib.ExitStack() as stack:
+            if track:
+                stack.enter_context(run_marker(paths))
+            script_fd = stack.enter_context(memfd_with(command_script(command), name="command"))
+            seccomp_fd = open_seccomp_bpf(root=self.root) if isolated else None
+            if seccomp_fd is not None:
+                stack.callback(os.close, seccomp_fd)
             procs = cgroups.create_run(run_id) if cgroups else []
-            try:
-                return execute(
-                    argv=command_argv(
-                        record=record if isolated else None,
-                        command=command,
-                        limits=self.limits,
-                        procs=procs,
-                        host_cwd=host_cwd,
-                    ),
-                    env=command.env,
-                    command=command,
-                    kill_tree=functools.partial(kill_tree, cgroups=cgroups, run_id=run_id),
-                )
-            finally:
-                if cgroups is not None:
-                    cgroups.release_run(run_id)
+            if cgroups is not None:
+                stack.callback(cgroups.release_run, run_id)
+            return execute(
+                argv=command_argv(
+                    record=record if isolated else None,
+                    limits=self.limits,
+                    procs=procs,
+                    seccomp_fd=seccomp_fd,
+                ),
+                script_fd=script_fd,
+                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+                command=command,
+                kill_tree=functools.partial(kill_tree, cgroups=cgroups, run_id=run_id),
+            )
 
     def _probe_cwd(self, name: str) -> str:
         return str(self._paths(name).upper) if self.isolation == "none" else WORKSPACE
@@ -486,12 +510,17 @@ class LocalProvider(SandboxProvider):
         return min(timeout, self.max_command_timeout)
 
     def _command_env(self, extra: dict[str, str] | None, *, home: str) -> dict[str, str]:
-        env = {"PATH": SANDBOX_PATH, "HOME": home, "LANG": "C.UTF-8", "USER": "sandbox"}
-        for key, value in (extra or {}).items():
-            if not _ENV_NAME.fullmatch(str(key)) or not isinstance(value, str) or "\0" in value:
-                raise ProviderError(f"Invalid environment variable {key!r}")
-            env[key] = value
-        return env
+        """Our defaults under the client's variables; they only ever reach the final shell."""
+        problem = env_problem(extra or {})
+        if problem is not None:
+            raise ProviderError(f"env: {problem}")
+        return {
+            "PATH": SANDBOX_PATH,
+            "HOME": home,
+            "LANG": "C.UTF-8",
+            "USER": "sandbox",
+            **(extra or {}),
+        }
 
 
 def _info(meta: dict, *, reused: bool) -> SandboxInfo:

@@ -21,59 +21,101 @@ from pathlib import Path
 from sandboxes_app.providers.base import CommandResult, ProviderError
 from sandboxes_app.providers.local_cgroups import SandboxCgroups
 from sandboxes_app.providers.local_layout import SandboxPaths
-from sandboxes_app.providers.local_runtime import JOIN_AND_EXEC, Limits
+from sandboxes_app.providers.local_runtime import (
+    HOST_ENV,
+    JOIN_AND_EXEC,
+    SH,
+    Limits,
+    host_tool,
+)
 
 WORKSPACE = "/workspace"
-_CD_AND_EXEC = 'cd "$1" || exit 125; shift; exec "$@"'
+
+# The final, in-sandbox shell sources the command's script from its stdin, a memfd: the
+# client's cwd, env and argv reach no process before this one, which runs after privileges
+# are dropped. The script gives the command /dev/null as stdin, as before.
+LAUNCH = ". /proc/self/fd/0"
 
 
 @dataclass(frozen=True)
 class Command:
     argv: list[str]
-    cwd: str  # absolute, inside /workspace
-    env: dict[str, str]
+    cwd: str  # absolute: inside /workspace, or the host path with SANDBOX_ISOLATION=none
+    env: dict[str, str]  # the client's variables over our defaults, already validated
     timeout_s: float
     output_cap: int
 
 
+def command_script(command: Command) -> bytes:
+    """The script the in-sandbox shell sources: export, cd, exec.
+
+    Every client string is single-quoted, so the shell takes it as data. Even a quoting
+    mistake would only run code as the sandbox user inside the sandbox, where the client's
+    command runs anyway.
+    """
+    lines = [f"export {name}={_quote(value)}" for name, value in command.env.items()]
+    lines.append(f"cd {_quote(command.cwd)} || exit 125")
+    lines.append("set -- " + " ".join(_quote(arg) for arg in command.argv))
+    lines.append('exec "$@" </dev/null')
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
 def command_argv(
-    *, record: dict | None, command: Command, limits: Limits, procs: list[Path], host_cwd: str
+    *, record: dict | None, limits: Limits, procs: list[Path], seccomp_fd: int | None
 ) -> list[str]:
-    """The host-side argv: join cgroups, set rlimits, enter the sandbox, drop to its user."""
+    """The host-side argv: join cgroups, set rlimits, enter the sandbox, load the syscall
+    filter, drop to the sandbox user, then source the command's script from stdin.
+
+    Never allow: a client string in this argv, a relative program name, or an environment
+    other than HOST_ENV before setpriv. Each program is an absolute path resolved in a PATH we
+    fix, so nothing the sandbox wrote can stand in for it.
+    """
     rlimits = [f"--fsize={limits.max_file_mb * 1024 * 1024}", f"--cpu={limits.cpu_seconds}"]
     if not procs:
         # RLIMIT_NPROC counts every process of the uid on the host, across sandboxes: only a
         # fallback when the pids cgroup is not there to limit each sandbox on its own.
         rlimits.append(f"--nproc={limits.max_processes}")
-    argv = ["sh", "-c", JOIN_AND_EXEC, "sh", *map(str, procs), "--", "prlimit", *rlimits, "--"]
-    if record is not None:
-        argv += ["nsenter", "--target", str(record["pid"]), "--all", "--root", "--wd", "--"]
-        argv += [
-            "setpriv",
-            f"--reuid={record['uid']}",
-            f"--regid={record['gid']}",
-            "--clear-groups",
-            "--no-new-privs",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-            "--",
-        ]
-        # cd happens inside, as the sandbox user, so symlinks resolve in the sandbox's view.
-        argv += ["/bin/sh", "-c", _CD_AND_EXEC, "sh", command.cwd]
-    else:
-        argv += ["/bin/sh", "-c", _CD_AND_EXEC, "sh", host_cwd]
-    return argv + command.argv
+    argv = [SH, "-c", JOIN_AND_EXEC, "sh", *map(str, procs), "--"]
+    argv += [host_tool("prlimit"), *rlimits, "--"]
+    launch = [SH, "-c", LAUNCH]
+    if record is None:
+        return argv + launch
+    argv += [host_tool("nsenter"), "--target", str(record["pid"]), "--all", "--root", "--wd"]
+    # bwrap is only the filter's loader here (the sandbox's /usr is the host's, so the same
+    # path names the same binary): one private bind of the sandbox's own root, then the
+    # filter, then setpriv. The filter allows setpriv's calls; nothing after it can undo it.
+    argv += ["--", host_tool("bwrap"), "--dev-bind", "/", "/", "--seccomp", str(seccomp_fd)]
+    argv += [
+        "--",
+        host_tool("setpriv"),
+        f"--reuid={record['uid']}",
+        f"--regid={record['gid']}",
+        "--clear-groups",
+        "--no-new-privs",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--",
+    ]
+    return argv + launch
 
 
-def execute(*, argv: list[str], env: dict[str, str], command: Command, kill_tree) -> CommandResult:
-    """Run argv, capture capped output, kill its whole tree on timeout."""
+def execute(
+    *, argv: list[str], script_fd: int, pass_fds: tuple[int, ...], command: Command, kill_tree
+) -> CommandResult:
+    """Run argv with HOST_ENV and the script as stdin, capture capped output, kill its whole
+    tree on timeout."""
     started = time.monotonic()
     proc = subprocess.Popen(
         argv,
-        stdin=subprocess.DEVNULL,
+        stdin=script_fd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=env,
+        env=HOST_ENV,
+        pass_fds=pass_fds,
         start_new_session=True,
     )
     deadline = started + command.timeout_s

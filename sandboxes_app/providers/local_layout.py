@@ -5,15 +5,21 @@ Everything the local provider knows about a sandbox is under `SANDBOX_ROOT`:
     <root>/<name>/meta.json      written once the workspace is complete; its presence is what
                                  makes the sandbox exist (STOPPED at least)
     <root>/<name>/init.json      pid, start time and boot id of the running init
-    <root>/<name>/upper/         the workspace: the whole checkout, or the overlay upper layer
-                                 when the sandbox sits on a base
-    <root>/<name>/work/          overlayfs work dir (base sandboxes only)
+    <root>/<name>/upper/         the workspace: the overlay's upper layer, which holds the whole
+                                 checkout, or only the changes when the sandbox sits on a base
+    <root>/<name>/lower          the overlay's lower layer: an empty dir, or a symlink to the
+                                 base cache (so the mount names no host path or base hash)
+    <root>/<name>/work/          overlayfs work dir
     <root>/<name>/merged/        overlay mount point, only ever mounted in private namespaces
     <root>/<name>/runs/          one flock-held marker per in-flight command
     <root>/_locks/<name>.lock    per-sandbox lock; outside the sandbox dir so destroy can't
                                  delete a lock somebody is waiting on
     <root>/_bases/<sha256>/      extracted, read-only cache of a base snapshot
     <root>/_trees/<hash>.git     bare shallow fetches used by file_tree
+    <root>/_seccomp-<hash>.bpf   the compiled syscall filter
+
+The root is mode 0700, owned by root: no host user but root can reach a workspace, so a file a
+sandbox marked setuid is never executable with raised ids by anyone on the host.
 """
 
 from __future__ import annotations
@@ -65,6 +71,10 @@ class SandboxPaths:
     @property
     def upper(self) -> Path:
         return self.dir / "upper"
+
+    @property
+    def lower(self) -> Path:
+        return self.dir / "lower"
 
     @property
     def work(self) -> Path:

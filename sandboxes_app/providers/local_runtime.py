@@ -14,6 +14,8 @@ mount disappears with the sandbox, even on a crash.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import os
@@ -22,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,13 +42,27 @@ WORKSPACE = "/workspace"  # where the workspace appears inside
 HOME = "/home/sandbox"
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+# What every host-side process we start runs with: our PATH and locale, nothing a client said.
+HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+HOST_ENV = {"PATH": HOST_PATH, "LANG": "C.UTF-8"}
+SH = "/bin/sh"
+
+
+@functools.cache
+def host_tool(name: str) -> str:
+    """The absolute path of a system tool, found in HOST_PATH only (never /usr/local)."""
+    path = shutil.which(name, path=HOST_PATH)
+    if path is None:
+        raise ProviderError(f"{name} is missing from {HOST_PATH}: install it from the distribution")
+    return path
+
+
 # Joins the cgroup.procs files given before "--", then execs the rest. A shell is the cheapest
 # way to put a process in its cgroups before it execs anything.
 _JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; '
 JOIN_AND_EXEC = _JOIN_CGROUPS + 'exec "$@"'
 # The same, but backgrounded so the init is reparented away from the calling process.
 _JOIN_AND_DETACH = _JOIN_CGROUPS + '"$@" & exit 0'
-_MOUNT_OVERLAY = 'mount -t overlay overlay -o "$1" "$2" || exit 125; shift 2; exec "$@"'
 
 # Host files the sandbox's minimal /etc borrows read-only; all harmless to disclose.
 _HOST_ETC = (
@@ -68,10 +85,29 @@ class Limits:
     cpu_seconds: int
 
 
-def write_etc(etc: Path, *, network: bool, uid: int, gid: int) -> None:
-    """The sandbox's own /etc files: a passwd with the sandbox user, hosts, resolv.conf, git."""
-    etc.mkdir(parents=True, exist_ok=True)
-    files = {
+@contextlib.contextmanager
+def memfd_with(data: bytes, *, name: str) -> Iterator[int]:
+    """An anonymous in-memory file holding `data`, read from its start by whoever gets it.
+
+    Close-on-exec here; `pass_fds` hands it to one child only. Nothing touches the disk.
+    """
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def etc_files(*, network: bool, uid: int, gid: int) -> dict[str, str]:
+    """The sandbox's own /etc files: a passwd with the sandbox user, hosts, resolv.conf, git.
+
+    bwrap copies them into the sandbox's root (`--file`), so no host path backs them.
+    """
+    return {
         "passwd": (
             "root:x:0:0:root:/root:/usr/sbin/nologin\n"
             f"sandbox:x:{uid}:{gid}:sandbox:{HOME}:/bin/sh\n"
@@ -87,16 +123,9 @@ def write_etc(etc: Path, *, network: bool, uid: int, gid: int) -> None:
             "[safe]\n\tdirectory = *\n[init]\n\tdefaultBranch = main\n"
         ),
     }
-    for filename, content in files.items():
-        path = etc / filename
-        if not path.exists() or path.read_text() != content:
-            tmp = etc / f".{filename}.{os.getpid()}.tmp"
-            tmp.write_text(content)
-            tmp.chmod(0o644)
-            os.replace(tmp, path)
 
 
-def _system_image_args(*, etc: Path) -> list[str]:
+def _system_image_args(*, etc_fds: dict[str, int]) -> list[str]:
     args = ["--ro-bind", "/usr", "/usr"]
     for top in ("bin", "lib", "lib32", "lib64", "sbin"):
         host = Path("/") / top
@@ -105,135 +134,176 @@ def _system_image_args(*, etc: Path) -> list[str]:
         elif host.is_dir():
             args += ["--ro-bind", str(host), f"/{top}"]
     args += ["--dir", "/etc"]
-    for path in sorted(etc.iterdir()):
-        if not path.name.startswith("."):
-            args += ["--ro-bind", str(path), f"/etc/{path.name}"]
+    for name, fd in etc_fds.items():
+        args += ["--perms", "0644", "--file", str(fd), f"/etc/{name}"]
     for name in _HOST_ETC:
         if os.path.exists(f"/etc/{name}"):
             args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
     return args
 
 
+_INIT_SCRIPT = "echo ready; exec sleep infinity </dev/null >/dev/null 2>&1"
+
+
 def start_init(
     *,
     paths: SandboxPaths,
-    etc: Path,
-    lower: Path | None,
     cgroups: SandboxCgroups | None,
     limits: Limits,
     network: bool,
     uid: int,
     gid: int,
+    seccomp_fd: int,
 ) -> dict:
-    """Start the sandbox's init over its workspace and return its init record.
+    """Start the sandbox's init over its workspace (overlay of `lower`/`upper`, mounted by
+    in_overlay_namespace) and return its init record.
 
-    `uid`/`gid` are the ids `etc`'s passwd names; the record keeps them so this init's commands
-    run as them whatever the settings say by the time they come.
+    `uid`/`gid` are the ids the sandbox's passwd names; the record keeps them so this init's
+    commands run as them whatever the settings say by the time they come. bwrap reads its
+    arguments from a memfd (`--args`), so the sandbox's PID 1 shows `bwrap --args N` and no
+    host path.
     """
     if cgroups is not None:
         cgroups.kill_all_and_remove()
         cgroups.setup(memory_mb=limits.memory_mb, max_processes=limits.max_processes)
     info_r, info_w = os.pipe()
-    bwrap = [
-        "bwrap",
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--unshare-net",
-        "--unshare-cgroup-try",
-        "--hostname",
-        paths.name,
-        *_system_image_args(etc=etc),
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--perms",
-        "1777",
-        "--tmpfs",
-        "/tmp",
-        "--perms",
-        "0755",
-        "--dir",
-        "/home",
-        "--perms",
-        "1777",
-        "--tmpfs",
-        HOME,
-        "--bind",
-        str(paths.merged if lower else paths.upper),
-        WORKSPACE,
-        "--chdir",
-        WORKSPACE,
-        "--remount-ro",
-        "/",
-        "--new-session",
-        "--info-fd",
-        str(info_w),
-        "--",
-        "/bin/sh",
-        "-c",
-        "echo ready; exec sleep infinity </dev/null >/dev/null 2>&1",
-    ]
-    if lower is not None:
-        bwrap = in_overlay_namespace(lower=lower, paths=paths, argv=bwrap)
-    procs = cgroups.init_procs_files() if cgroups else []
-    argv = ["sh", "-c", _JOIN_AND_DETACH, "sh", *map(str, procs), "--", *bwrap]
-    launcher = subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        pass_fds=(info_w,),
-        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
-        start_new_session=True,
-    )
-    os.close(info_w)
-    try:
-        ready = _read_until(launcher.stdout, b"ready\n", timeout_s=15.0)
-        info = _read_json_fd(info_r) if ready else None
-        if not ready or info is None:
-            launcher.kill()
-            error = launcher.stderr.read().decode(errors="replace").strip()
-            raise ProviderError(f"The sandbox did not start: {error or 'no output'}")
-    finally:
-        os.close(info_r)
-        launcher.stdout.close()
-        launcher.stderr.close()
-        launcher.wait()
+    with contextlib.ExitStack() as stack:
+        etc_fds = {
+            name: stack.enter_context(memfd_with(content.encode(), name=f"etc-{name}"))
+            for name, content in etc_files(network=network, uid=uid, gid=gid).items()
+        }
+        bwrap_args = [
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-net",
+            "--unshare-cgroup-try",
+            "--hostname",
+            paths.name,
+            *_system_image_args(etc_fds=etc_fds),
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--perms",
+            "1777",
+            "--tmpfs",
+            "/tmp",
+            "--perms",
+            "0755",
+            "--dir",
+            "/home",
+            "--perms",
+            "1777",
+            "--tmpfs",
+            HOME,
+            # The overlay's own root: mountinfo shows "overlay" and relative layer names.
+            "--bind",
+            str(paths.merged),
+            WORKSPACE,
+            "--chdir",
+            WORKSPACE,
+            "--remount-ro",
+            "/",
+            "--new-session",
+            "--info-fd",
+            str(info_w),
+            "--seccomp",
+            str(seccomp_fd),
+        ]
+        args_fd = stack.enter_context(
+            memfd_with(b"".join(a.encode() + b"\0" for a in bwrap_args), name="bwrap-args")
+        )
+        bwrap = in_overlay_namespace(
+            paths=paths,
+            argv=[host_tool("bwrap"), "--args", str(args_fd), "--", SH, "-c", _INIT_SCRIPT],
+        )
+        procs = cgroups.init_procs_files() if cgroups else []
+        argv = [SH, "-c", _JOIN_AND_DETACH, "sh", *map(str, procs), "--", *bwrap]
+        launcher = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(info_w, seccomp_fd, args_fd, *etc_fds.values()),
+            env=HOST_ENV,
+            start_new_session=True,
+        )
+        os.close(info_w)
+        try:
+            ready = _read_until(launcher.stdout, b"ready\n", timeout_s=15.0)
+            info = _read_json_fd(info_r) if ready else None
+            if not ready or info is None:
+                launcher.kill()
+                error = launcher.stderr.read().decode(errors="replace").strip()
+                raise ProviderError(f"The sandbox did not start: {error or 'no output'}")
+        finally:
+            os.close(info_r)
+            launcher.stdout.close()
+            launcher.stderr.close()
+            launcher.wait()
     record = init_record(pid=info["child-pid"], extra={"network": network, "uid": uid, "gid": gid})
     if network:
         record["slirp_pid"] = _start_slirp(pid=record["pid"], cgroups=cgroups)
     return record
 
 
-def overlay_options(*, lower: Path, paths: SandboxPaths) -> str:
-    for path in (lower, paths.upper, paths.work):
-        if any(ch in str(path) for ch in ",:\\"):
-            raise ProviderError(f"Paths with ',', ':' or '\\' cannot be overlay layers: {path}")
+def link_lower(*, paths: SandboxPaths, base_cache: Path | None) -> None:
+    """Point the sandbox's `lower` at its base cache, or make it the empty layer.
+
+    Every sandbox is an overlay, so the workspace mount never names a host path: a symlink
+    under a fixed relative name stands in for the base cache's path (and its hash).
+    """
+    lower = paths.lower
+    if base_cache is None:
+        if lower.is_symlink():
+            lower.unlink()
+        lower.mkdir(mode=0o755, exist_ok=True)
+        return
+    if lower.is_symlink() and os.readlink(lower) == str(base_cache):
+        return
+    if lower.is_dir() and not lower.is_symlink():
+        lower.rmdir()  # the empty layer of a sandbox that now sits on a base: never has files
+    tmp = paths.dir / f".lower-{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    tmp.symlink_to(base_cache)
+    os.replace(tmp, lower)
+
+
+# In a throwaway mount namespace: cd into the sandbox's dir, mount the overlay from relative
+# layer names (what mountinfo shows), then exec the rest.
+_MOUNT_OVERLAY = (
+    'cd "$1" || exit 125; mount -t overlay overlay -o "$2" merged || exit 125; shift 2; exec "$@"'
+)
+_OVERLAY_OPTIONS = (
+    "lowerdir=lower,upperdir=upper,workdir=work,"
     # metacopy would leave data in the lower layer, making the upper layer alone (what a
     # snapshot stores) incomplete; redirect_dir and index would tie it to this host's inodes.
-    return (
-        f"lowerdir={lower},upperdir={paths.upper},workdir={paths.work},"
-        "redirect_dir=off,index=off,metacopy=off,xino=off"
-    )
+    "redirect_dir=off,index=off,metacopy=off,xino=off"
+)
 
 
-def in_overlay_namespace(*, lower: Path, paths: SandboxPaths, argv: list[str]) -> list[str]:
-    """argv run with the overlay mounted at paths.merged, in a throwaway mount namespace."""
-    paths.merged.mkdir(exist_ok=True)
+def in_overlay_namespace(*, paths: SandboxPaths, argv: list[str]) -> list[str]:
+    """argv run with the overlay mounted at paths.merged, in a throwaway mount namespace.
+
+    link_lower must have run first. Nothing is mounted on the host, and the mount disappears
+    with the namespace, even on a crash.
+    """
+    for layer in (paths.upper, paths.work, paths.merged):
+        layer.mkdir(exist_ok=True)
     return [
-        "unshare",
+        host_tool("unshare"),
         "--mount",
         "--propagation",
         "private",
         "--",
-        "sh",
+        SH,
         "-c",
         _MOUNT_OVERLAY,
         "sh",
-        overlay_options(lower=lower, paths=paths),
-        str(paths.merged),
+        str(paths.dir),
+        _OVERLAY_OPTIONS,
         *argv,
     ]
 
@@ -274,13 +344,13 @@ def _start_slirp(*, pid: int, cgroups: SandboxCgroups | None) -> int:
     ready_r, ready_w = os.pipe()
     procs = cgroups.init_procs_files() if cgroups else []
     argv = [
-        "sh",
+        SH,
         "-c",
         _JOIN_AND_DETACH,
         "sh",
         *map(str, procs),
         "--",
-        "slirp4netns",
+        host_tool("slirp4netns"),
         "--configure",
         "--mtu=65520",
         "--disable-host-loopback",
@@ -294,6 +364,7 @@ def _start_slirp(*, pid: int, cgroups: SandboxCgroups | None) -> int:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         pass_fds=(ready_w,),
+        env=HOST_ENV,
         start_new_session=True,
     )
     os.close(ready_w)
@@ -312,7 +383,7 @@ def _find_slirp_pid(*, target: int) -> int:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if cmdline[:1] == [b"slirp4netns"] and str(target).encode() in cmdline:
+        if cmdline[0] == host_tool("slirp4netns").encode() and str(target).encode() in cmdline:
             return int(proc.name)
     raise ProviderError("slirp4netns exited right after starting")
 
@@ -344,10 +415,11 @@ _ISOLATION_CHECKED: set[bool] = set()
 def start_placeholder() -> dict:
     """SANDBOX_ISOLATION=none: a detached sleeper stands in for the init, so status works."""
     proc = subprocess.Popen(
-        ["sleep", "infinity"],
+        [host_tool("sleep"), "infinity"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=HOST_ENV,
         start_new_session=True,
     )
     return init_record(pid=proc.pid, extra={"isolation": "none"})
@@ -366,14 +438,27 @@ def check_isolation(*, network: bool) -> None:
         ("git", "git"),
         ("tar", "tar"),
     ):
-        if shutil.which(tool) is None:
+        if shutil.which(tool, path=HOST_PATH) is None:
             raise ProviderError(f"{tool} is missing: apt-get install {package}")
-    if network and shutil.which("slirp4netns") is None:
+    if network and shutil.which("slirp4netns", path=HOST_PATH) is None:
         raise ProviderError("SANDBOX_NETWORK=on needs slirp4netns: apt-get install slirp4netns")
     probe = subprocess.run(
-        ["bwrap", "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin"]
-        + ["--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--", "/bin/true"],
+        [host_tool("bwrap"), "--unshare-all", "--ro-bind", "/usr", "/usr"]
+        + [
+            "--symlink",
+            "usr/bin",
+            "/bin",
+            "--symlink",
+            "usr/lib",
+            "/lib",
+            "--symlink",
+            "usr/lib64",
+            "/lib64",
+            "--",
+            "/bin/true",
+        ],
         capture_output=True,
+        env=HOST_ENV,
     )
     if probe.returncode != 0:
         raise ProviderError(

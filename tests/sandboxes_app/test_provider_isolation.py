@@ -190,7 +190,8 @@ def test_setuid_binaries_do_not_elevate(provider, sandbox):
 
 
 def test_it_refuses_to_start_without_bubblewrap(sandbox_root, monkeypatch, tmp_path):
-    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH where no bwrap is found
+    # The provider looks for its tools in its own fixed PATH only; here, one without bwrap.
+    monkeypatch.setattr("sandboxes_app.providers.local_runtime.HOST_PATH", str(tmp_path))
     monkeypatch.setattr("sandboxes_app.providers.local_runtime._ISOLATION_CHECKED", set())
 
     with pytest.raises(ProviderError, match="apt-get install bubblewrap"):
