@@ -14,6 +14,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from lifecycle.models import BaseSnapshotBuild
+from recoup.accounts.git_tokens import git_token_for_clone
 from sandboxes_app.git.urls import RepoRef
 from sandboxes_app.models import Snapshot
 from sandboxes_app.providers.base import GitSource, get_provider
@@ -80,8 +81,16 @@ def base_build_run(*, build_id: int) -> BaseSnapshotBuild | None:
     build = BaseSnapshotBuild.objects.get(id=build_id)
     clock = time.monotonic()
     try:
+        # From the name, not the stored clone_url: the base's origin is the public URL whatever
+        # the row recorded, and the token is chosen now, for the organization as it is now.
+        owner, name = build.repo_full_name.split("/")
+        repo = RepoRef(owner=owner, name=name)
+        source = GitSource(
+            clone_url=repo.clone_url,
+            token=git_token_for_clone(organization_id=build.organization_id, owner=owner),
+        )
         info = get_provider().build_base(
-            source=GitSource(clone_url=build.clone_url),
+            source=source,
             storage_key=f"bases/{build.scope.replace(':', '-')}/{build.repo_full_name}/"
             f"{build.id}-{int(started.timestamp())}.tar.zst",
         )

@@ -192,6 +192,9 @@ LOGGING = {
 SANDBOX_PROVIDER = env_choice("SANDBOX_PROVIDER", "local", ("local",))
 SANDBOX_GIT_BASE_URL = env_str("SANDBOX_GIT_BASE_URL", "https://github.com").rstrip("/")
 GITHUB_TOKEN = env_str("GITHUB_TOKEN", "")
+# Repository owners any account may clone with GITHUB_TOKEN (organizations add their own in the
+# admin); "*" means every owner the token can read. Empty: the token serves no one by default.
+GITHUB_TOKEN_OWNERS = env_list("GITHUB_TOKEN_OWNERS", [])
 SANDBOX_ROOT = Path(env_str("SANDBOX_ROOT", str(DATA_DIR / "sandboxes"))).resolve()
 SANDBOX_ISOLATION = env_choice("SANDBOX_ISOLATION", "bwrap", ("bwrap", "none"))
 # The unprivileged user sandbox commands run as. Without a user namespace these are host ids:

@@ -7,12 +7,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from recoup.accounts.git_tokens import git_token_for_clone
+from recoup.accounts.models import Account
 from recoup.api import validated
 from recoup.errors import Forbidden
 from recoup.schema import ERROR_RESPONSES
 from sandboxes_app import selectors
 from sandboxes_app.providers.base import GitSource, ProviderError, get_provider
 from sandboxes_app.serializers import SandboxesQuerySerializer, SandboxesResponseSerializer
+from sessions_app.models import Session
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +53,7 @@ class SandboxesView(APIView):
             "sandboxes": [self._sandbox(sandbox) for sandbox in sandboxes],
             "snapshot_id": snapshot.public_id if snapshot else None,
             "github_repo": f"https://github.com/{repo}" if repo else None,
-            "filetree": self._filetree(repo),
+            "filetree": self._filetree(repo, account=account, viewer=request.user),
         }
         return Response(SandboxesResponseSerializer(body).data)
 
@@ -67,13 +70,29 @@ class SandboxesView(APIView):
         return entry
 
     @staticmethod
-    def _filetree(repo: str | None) -> list[dict] | None:
+    def _filetree(repo: str | None, *, account: Account, viewer: Account) -> list[dict] | None:
         if repo is None:
             return None
         from sandboxes_app.git.urls import parse_repo_url
 
         try:
-            source = GitSource(clone_url=parse_repo_url(f"https://github.com/{repo}").clone_url)
+            ref = parse_repo_url(f"https://github.com/{repo}")
+            # The organization whose git access may read it: that of the account's newest
+            # session on the repository, and only when the viewer belongs to it as well.
+            session = (
+                Session.objects.filter(
+                    account=account,
+                    repo_owner=ref.owner,
+                    repo_name=ref.name,
+                    organization__memberships__account=viewer,
+                )
+                .order_by("-created_at")
+                .first()
+            )
+            token = git_token_for_clone(
+                organization_id=session.organization_id if session else None, owner=ref.owner
+            )
+            source = GitSource(clone_url=ref.clone_url, token=token)
             entries = get_provider().file_tree(source=source)
         except ProviderError as exc:
             logger.warning("file tree of %s unavailable: %s", repo, exc)

@@ -19,6 +19,7 @@ from lifecycle.hibernation import session_hibernate
 from lifecycle.leases import LEASE_RELEASE, lease_claim, lease_is_live, lease_update, new_run_id
 from lifecycle.states import LifecycleState as S
 from lifecycle.transitions import Seen, transition
+from recoup.accounts.git_tokens import git_token_for_clone
 from recoup.accounts.models import Account
 from recoup.errors import ApplicationError, Conflict, UpstreamError
 from recoup.faults import crash_point
@@ -211,7 +212,10 @@ def _boot(
             ):
                 raise ProviderError("lost the lease while falling back to a fresh sandbox") from exc
     base = base_snapshot_lookup(session=session, repo=repo)
-    source = GitSource(clone_url=repo.clone_url)
+    source = GitSource(
+        clone_url=repo.clone_url,
+        token=git_token_for_clone(organization_id=session.organization_id, owner=repo.owner),
+    )
     if base is not None:
         try:
             return provider.create(name=name, source=source, base=base.to_info()), base
@@ -310,7 +314,9 @@ def oneshot_sandbox_create(*, account: Account, repo: RepoRef) -> Ready:
         expires_at=timezone.now() + timedelta(seconds=settings.SANDBOX_TIMEOUT),
     )
     try:
-        info = provider.create(name=name, source=GitSource(clone_url=repo.clone_url))
+        # No organization: only owners GITHUB_TOKEN_OWNERS allows get the service's token.
+        token = git_token_for_clone(organization_id=None, owner=repo.owner)
+        info = provider.create(name=name, source=GitSource(clone_url=repo.clone_url, token=token))
     except ProviderError as exc:
         Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.FAILED)
         provider.destroy(name=name)

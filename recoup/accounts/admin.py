@@ -1,10 +1,14 @@
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
+from django.utils.decorators import method_decorator
+from django.views.decorators.debug import sensitive_post_parameters
 
 from recoup.accounts.keys import display_prefix, generate_raw_key, key_digest
 from recoup.accounts.models import Account, ApiKey, Membership, Organization
+from recoup.accounts.services import organization_git_token_set
 
 
 class MembershipInline(admin.TabularInline):
@@ -20,12 +24,64 @@ class AccountAdmin(admin.ModelAdmin):
     readonly_fields = ["id", "created_at"]
 
 
+class OrganizationForm(forms.ModelForm):
+    """The organization's own git token is write-only: typed here, stored encrypted, never
+    rendered back (not even into the password field's value)."""
+
+    git_token = forms.CharField(
+        required=False,
+        max_length=1000,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="This organization's own GitHub token; its sessions then clone with it "
+        "instead of the service's. Leave empty to keep the current one.",
+    )
+    remove_git_token = forms.BooleanField(required=False, label="Remove the git token")
+
+    class Meta:
+        model = Organization
+        fields = ["slug", "name", "git_token_owners"]
+
+    def clean_git_token(self) -> str:
+        token = self.cleaned_data["git_token"]
+        if any(ch.isspace() or not ch.isprintable() or not ch.isascii() for ch in token):
+            raise forms.ValidationError("A GitHub token is printable ASCII without spaces.")
+        return token
+
+
 @admin.register(Organization)
 class OrganizationAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "id", "created_at"]
+    form = OrganizationForm
+    list_display = ["slug", "name", "id", "git_token_owners", "has_git_token", "created_at"]
     search_fields = ["slug", "name"]
-    readonly_fields = ["id", "created_at"]
+    fields = [
+        "slug",
+        "name",
+        "git_token_owners",
+        "has_git_token",
+        "git_token",
+        "remove_git_token",
+        "id",
+        "created_at",
+    ]
+    readonly_fields = ["id", "created_at", "has_git_token"]
     inlines = [MembershipInline]
+
+    @admin.display(boolean=True, description="Own git token")
+    def has_git_token(self, obj: Organization) -> bool:
+        return bool(obj.git_token_encrypted)
+
+    @method_decorator(sensitive_post_parameters("git_token"))
+    def changeform_view(self, request: HttpRequest, *args: object, **kwargs: object) -> object:
+        return super().changeform_view(request, *args, **kwargs)
+
+    def save_model(
+        self, request: HttpRequest, obj: Organization, form: OrganizationForm, change: bool
+    ) -> None:
+        super().save_model(request, obj, form, change)
+        if form.cleaned_data.get("remove_git_token"):
+            organization_git_token_set(organization=obj, token=None)
+        elif form.cleaned_data.get("git_token"):
+            organization_git_token_set(organization=obj, token=form.cleaned_data["git_token"])
 
 
 @admin.register(ApiKey)

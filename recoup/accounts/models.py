@@ -1,6 +1,22 @@
+import re
 import uuid
 
+from django.core.exceptions import ValidationError
 from django.db import models
+
+# GitHub's rule for user and organization names (as sandboxes_app.git.urls checks them).
+_GITHUB_OWNER = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9]|-(?=[A-Za-z0-9])){0,38}")
+
+
+def git_owner_list(text: str) -> list[str]:
+    """Owner names from a comma or whitespace separated list, lower-cased as GitHub compares."""
+    return [owner.lower() for owner in re.split(r"[\s,]+", text) if owner]
+
+
+def validate_git_owners(text: str) -> None:
+    bad = [o for o in git_owner_list(text) if o != "*" and not _GITHUB_OWNER.fullmatch(o)]
+    if bad:
+        raise ValidationError(f"Not GitHub owner names: {', '.join(bad)}")
 
 
 class Account(models.Model):
@@ -24,10 +40,25 @@ class Account(models.Model):
 
 
 class Organization(models.Model):
+    """A team of accounts. Its sessions share base snapshots, and it decides which private
+    repositories they may clone: through the service's token for the owners it is allowed, or
+    with a token of its own."""
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     slug = models.SlugField(max_length=100, unique=True)
     name = models.CharField(max_length=200)
     members = models.ManyToManyField(Account, through="Membership", related_name="organizations")
+    git_token_owners = models.TextField(
+        blank=True,
+        default="",
+        validators=[validate_git_owners],
+        help_text="GitHub owners (users or organizations) whose repositories this "
+        "organization's sessions may clone with the service's GITHUB_TOKEN, separated by "
+        "commas or spaces; * allows every owner the token can read.",
+    )
+    # The organization's own GitHub token, Fernet-encrypted (recoup.accounts.git_tokens);
+    # written through the admin's password field, never read back out.
+    git_token_encrypted = models.TextField(blank=True, default="", editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from recoup.accounts.git_tokens import git_token_encrypt
 from recoup.accounts.keys import (
     DISPLAY_PREFIX_CHARS,
     KEY_PREFIX,
@@ -43,6 +44,12 @@ def organization_join(
         account=account, organization=organization, defaults={"role": role}
     )
     return organization
+
+
+def organization_git_token_set(*, organization: Organization, token: str | None) -> None:
+    """Store the organization's own GitHub token, encrypted; None or "" removes it."""
+    organization.git_token_encrypted = git_token_encrypt(token) if token else ""
+    organization.save(update_fields=["git_token_encrypted"])
 
 
 def api_key_issue(

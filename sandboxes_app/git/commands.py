@@ -1,9 +1,15 @@
 """Running the real `git` on the host: clone, look up the remote branch, fast-forward.
 
-The GitHub token, when set, reaches git only as an `http.<base url>/.extraHeader` config entry
-passed through GIT_CONFIG_COUNT/KEY/VALUE environment variables: never in argv (visible in
-/proc), a URL, `.git/config`, a log line or a sandbox's environment, and only sent to
-SANDBOX_GIT_BASE_URL. Every URL and path follows `--` so nothing is parsed as an option.
+Repositories are named by their public URL (https://github.com/<owner>/<repo>.git), which is
+also the `origin` a workspace keeps; host-side git alone reaches them through
+SANDBOX_GIT_BASE_URL, by a `url.<base>.insteadOf` rewrite. So neither a mirror's address nor a
+host path ever lands in a workspace's git config.
+
+The token a caller passes (recoup.accounts.git_tokens chooses it) reaches git only as an
+`http.<base url>/.extraHeader` config entry passed through GIT_CONFIG_COUNT/KEY/VALUE
+environment variables: never in argv (visible in /proc), a URL, `.git/config`, a log line or a
+sandbox's environment, and only sent to SANDBOX_GIT_BASE_URL. Every URL and path follows `--`
+so nothing is parsed as an option.
 """
 
 from __future__ import annotations
@@ -19,6 +25,13 @@ from sandboxes_app.git.urls import PUBLIC_BASE_URL
 from sandboxes_app.providers.base import ProviderError
 
 _BRANCH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]{0,200}")
+# What git says when a remote repository is missing or refuses us: GitHub answers 401 or 404 for
+# a private repository the credentials cannot read, as for one that does not exist.
+_UNREADABLE = re.compile(
+    r"repository '[^']*' not found|repository not found|could not read (username|password)"
+    r"|authentication failed|does not appear to be a git repository|returned error: 40[134]",
+    re.IGNORECASE,
+)
 
 
 class GitError(ProviderError):
@@ -31,21 +44,21 @@ def check_branch(branch: str) -> str:
     return branch
 
 
-def git_env(*, trust_repo: bool = False) -> dict[str, str]:
+def git_env(*, token: str | None = None, trust_repo: bool = False) -> dict[str, str]:
     """A clean environment for host-side git: no host config, no prompts, optional token."""
+    base = settings.SANDBOX_GIT_BASE_URL
     config = [("protocol.ext.allow", "never"), ("core.hooksPath", "/dev/null")]
+    if base != PUBLIC_BASE_URL:
+        # Only here is github.com the mirror: what git writes into a workspace keeps the
+        # public URL it was given.
+        config.append((f"url.{base}/.insteadOf", f"{PUBLIC_BASE_URL}/"))
     if trust_repo:
         # Workspaces belong to the sandbox uid; only ever set for repositories we cloned
         # ourselves and no sandbox has touched yet.
         config.append(("safe.directory", "*"))
-    if settings.GITHUB_TOKEN:
-        credentials = base64.b64encode(f"x-access-token:{settings.GITHUB_TOKEN}".encode())
-        config.append(
-            (
-                f"http.{settings.SANDBOX_GIT_BASE_URL}/.extraHeader",
-                f"Authorization: Basic {credentials.decode()}",
-            )
-        )
+    if token:
+        credentials = base64.b64encode(f"x-access-token:{token}".encode())
+        config.append((f"http.{base}/.extraHeader", f"Authorization: Basic {credentials.decode()}"))
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": "/nonexistent",
@@ -61,20 +74,45 @@ def git_env(*, trust_repo: bool = False) -> dict[str, str]:
     return env
 
 
-def run_git(argv: list[str], *, cwd: Path | None = None, trust_repo: bool = False) -> str:
-    """Run `argv` (starting with "git" or a wrapper around it); return stdout or raise GitError."""
+def run_git(
+    argv: list[str],
+    *,
+    token: str | None = None,
+    cwd: Path | None = None,
+    trust_repo: bool = False,
+    remote: str | None = None,
+) -> str:
+    """Run `argv` (starting with "git" or a wrapper around it); return stdout or raise GitError.
+
+    With `remote`, the repository URL argv talks to, a missing repository and one the token
+    cannot read fail with one and the same message, so a refusal never tells that it exists.
+    """
     proc = subprocess.run(
         argv,
         cwd=cwd or "/",
-        env=git_env(trust_repo=trust_repo),
+        env=git_env(token=token, trust_repo=trust_repo),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         timeout=settings.SANDBOX_COMMAND_MAX_TIMEOUT,
     )
     if proc.returncode != 0:
-        detail = public_text(proc.stderr.decode(errors="replace").strip())[-500:]
-        raise GitError(f"git {argv[1] if len(argv) > 1 else ''} failed: {detail}")
+        command = _subcommand(argv)
+        stderr = proc.stderr.decode(errors="replace").strip()
+        if remote is not None and _UNREADABLE.search(stderr):
+            raise GitError(
+                f"git {command} failed: repository '{public_text(remote)}' not found, or not "
+                "readable with the access this service has for it"
+            )
+        raise GitError(f"git {command} failed: {public_text(stderr)[-500:]}")
     return proc.stdout.decode(errors="replace")
+
+
+def _subcommand(argv: list[str]) -> str:
+    """`clone` of `git clone ...`, `fetch` of `git -C repo fetch ...`, through any wrapper."""
+    rest = argv[argv.index("git") + 1 :] if "git" in argv else argv[1:]
+    if rest[:1] == ["-C"]:
+        rest = rest[2:]
+    return rest[0] if rest else ""
 
 
 def public_text(text: str) -> str:
@@ -91,18 +129,18 @@ def public_text(text: str) -> str:
     return text.replace(str(settings.SANDBOX_ROOT), "<sandboxes>")
 
 
-def git_clone(*, url: str, dest: Path, branch: str | None) -> None:
+def git_clone(*, url: str, dest: Path, branch: str | None, token: str | None = None) -> None:
     """Clone `url` into the new directory `dest` with `branch` (default: remote HEAD) out."""
     argv = ["git", "clone", "--quiet", "--no-local"]
     if branch:
         argv += ["--branch", check_branch(branch)]
-    run_git([*argv, "--", url, str(dest)])
+    run_git([*argv, "--", url, str(dest)], token=token, remote=url)
 
 
-def remote_head(*, url: str, branch: str | None) -> tuple[str, str]:
+def remote_head(*, url: str, branch: str | None, token: str | None = None) -> tuple[str, str]:
     """(branch, commit sha) of the remote's `branch`, or of its default branch."""
     ref = f"refs/heads/{check_branch(branch)}" if branch else "HEAD"
-    out = run_git(["git", "ls-remote", "--symref", "--", url, ref])
+    out = run_git(["git", "ls-remote", "--symref", "--", url, ref], token=token, remote=url)
     name, sha = branch, None
     for line in out.splitlines():
         left, _, right = line.partition("\t")

@@ -10,7 +10,9 @@ from sandboxes_app.providers.base import FileTreeEntry
 from sandboxes_app.providers.local_layout import file_lock
 
 
-def file_tree(*, url: str, branch: str | None, cache_root: Path) -> list[FileTreeEntry]:
+def file_tree(
+    *, url: str, branch: str | None, cache_root: Path, token: str | None = None
+) -> list[FileTreeEntry]:
     """`git ls-tree -r -t -l` of the branch tip, fetched shallowly into a cached bare repo.
 
     Submodules (gitlinks) are left out: they are neither a blob nor a tree of this repository.
@@ -23,7 +25,9 @@ def file_tree(*, url: str, branch: str | None, cache_root: Path) -> list[FileTre
         run_git(
             ["git", "-C", str(repo), "fetch", "--quiet", "--no-tags", "--depth=1"]
             + ["--", url, f"+{ref}:refs/recoup/tree"],
+            token=token,
             trust_repo=True,
+            remote=url,
         )
         out = run_git(
             ["git", "-C", str(repo), "ls-tree", "-r", "-t", "-l", "-z", "refs/recoup/tree"],

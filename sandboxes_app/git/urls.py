@@ -7,8 +7,6 @@ which also rule out option injection (`-x`) and path tricks (`..`) before git ev
 import re
 from dataclasses import dataclass
 
-from django.conf import settings
-
 from recoup.errors import ApplicationError
 
 # GitHub: 1-39 alphanumerics or single hyphens, not starting or ending with a hyphen.
@@ -36,8 +34,11 @@ class RepoRef:
 
     @property
     def clone_url(self) -> str:
-        """Where the service clones from (SANDBOX_GIT_BASE_URL serves the same paths)."""
-        return f"{settings.SANDBOX_GIT_BASE_URL}/{self.owner}/{self.name}.git"
+        """The clone URL as GitHub gives it: the session's `cloneUrl` and a workspace's origin.
+
+        Host-side git fetches it through SANDBOX_GIT_BASE_URL (sandboxes_app.git.commands).
+        """
+        return f"{self.url}.git"
 
     @property
     def full_name(self) -> str:

@@ -71,10 +71,16 @@ class SnapshotCorrupt(ProviderError):
 
 @dataclass(frozen=True)
 class GitSource:
-    """Where a workspace's repository comes from. `clone_url` is the full URL git clones."""
+    """Where a workspace's repository comes from. `clone_url` is the full URL git clones and
+    the workspace's origin (https://github.com/...; host-side git maps it to the mirror).
+
+    `token` is the credential chosen for this clone (recoup.accounts.git_tokens), or None for
+    an anonymous one. It never leaves host-side git and never prints.
+    """
 
     clone_url: str
     branch: str | None = None  # None: the origin's default branch
+    token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 the GitHub token's path; the file tree read from git."""
 
 import base64
+import dataclasses
 import hashlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -92,13 +93,12 @@ TOKEN = "ghp_" + "S3cr3tT0ken" * 3
 
 
 def test_the_token_stays_out_of_the_workspace_and_the_sandbox(
-    make_provider, settings, source, new_name, sandbox_root
+    make_provider, source, new_name, sandbox_root
 ):
-    settings.GITHUB_TOKEN = TOKEN
     provider = make_provider()
     name = new_name()
 
-    provider.create(name=name, source=source)
+    provider.create(name=name, source=dataclasses.replace(source, token=TOKEN))
 
     config = upper_dir(sandbox_root, name).joinpath(".git", "config").read_text()
     assert "url = " in config and TOKEN not in config and "extraheader" not in config.lower()
@@ -126,11 +126,12 @@ def test_the_token_reaches_the_git_host_as_an_auth_header(make_provider, setting
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base_url = f"http://127.0.0.1:{server.server_address[1]}"
     settings.SANDBOX_GIT_BASE_URL = base_url
-    settings.GITHUB_TOKEN = TOKEN
     _RecordingHandler.seen = []
     try:
         with pytest.raises(ProviderError) as failure:
-            make_provider().file_tree(source=GitSource(clone_url=f"{base_url}/acme/app.git"))
+            make_provider().file_tree(
+                source=GitSource(clone_url="https://github.com/acme/app.git", token=TOKEN)
+            )
     finally:
         server.shutdown()
         server.server_close()

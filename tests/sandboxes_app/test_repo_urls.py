@@ -92,11 +92,12 @@ def test_it_refuses_non_strings(value):
         parse_repo_url(value)
 
 
-def test_the_clone_url_follows_the_configured_base(settings):
+def test_the_clone_url_is_githubs_whatever_mirror_serves_it(settings):
+    """The session's cloneUrl and a workspace's origin: never the mirror's address."""
     settings.SANDBOX_GIT_BASE_URL = "file:///srv/origins"
 
-    assert parse_repo_url("https://github.com/acme/app.git").clone_url == (
-        "file:///srv/origins/acme/app.git"
+    assert parse_repo_url("https://github.com/acme/app/").clone_url == (
+        "https://github.com/acme/app.git"
     )
 
 

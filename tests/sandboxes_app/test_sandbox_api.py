@@ -41,7 +41,7 @@ def test_it_creates_a_sandbox_holding_the_repository(owner, repo_url):
     assert data["lifecycleState"] == "active"
     assert data["lifecycleVersion"] >= 2
     assert (data["repoOwner"], data["repoName"], data["branch"]) == ("acme", "app", "main")
-    assert data["cloneUrl"].endswith("/acme/app.git")
+    assert data["cloneUrl"] == "https://github.com/acme/app.git"
     assert data["sandboxState"]["status"] == "running"
     assert data["lastActivityAt"] and data["hibernateAfter"] and data["sandboxExpiresAt"]
 

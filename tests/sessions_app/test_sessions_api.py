@@ -115,7 +115,7 @@ def test_it_binds_a_valid_repo_url(repo_url, owner_name, repo_name, owner, setti
     session = response.json()["session"]
     assert session["repoOwner"] == owner_name
     assert session["repoName"] == repo_name
-    assert session["cloneUrl"] == f"https://git.internal.example/{owner_name}/{repo_name}.git"
+    assert session["cloneUrl"] == f"https://github.com/{owner_name}/{repo_name}.git"
 
 
 @pytest.mark.parametrize(
