@@ -288,7 +288,7 @@ class LocalProvider(SandboxProvider):
         scratch.mkdir(parents=True)
         try:
             tree = scratch / "tree"
-            git_clone(url=source.clone_url, dest=tree, branch=source.branch)
+            git_clone(url=source.clone_url, dest=tree, branch=source.branch, token=source.token)
             chown_to_sandbox(tree)
             sha256, size = store_tree(source=tree, storage_key=storage_key)
             adopt_as_base_cache(root=self.root, tree=tree, sha256=sha256)
@@ -322,6 +322,7 @@ class LocalProvider(SandboxProvider):
             url=source.clone_url,
             branch=source.branch,
             cache_root=self.root / "_trees",
+            token=source.token,
         )
 
     # -- internals -------------------------------------------------------------------------
@@ -364,6 +365,7 @@ class LocalProvider(SandboxProvider):
                     url=source.clone_url,
                     dest=paths.upper,
                     branch=source.branch,
+                    token=source.token,
                 )
                 chown_to_sandbox(paths.upper)
                 branch = head_branch(layers=[paths.upper])
@@ -392,13 +394,16 @@ class LocalProvider(SandboxProvider):
             link_lower(paths=paths, base_cache=lower)
             paths.upper.mkdir()
             chown_to_sandbox(paths.upper)
-            branch, remote_sha = remote_head(url=source.clone_url, branch=source.branch)
+            branch, remote_sha = remote_head(
+                url=source.clone_url, branch=source.branch, token=source.token
+            )
             if local_head(repo=lower) == (branch, remote_sha):
                 return branch, False
             for argv in fast_forward_argvs(repo=paths.merged, url=source.clone_url, branch=branch):
                 run_git(
                     in_overlay_namespace(paths=paths, argv=argv),
                     trust_repo=True,
+                    token=source.token,
                 )
             chown_to_sandbox(paths.upper)
         return branch, True
