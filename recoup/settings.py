@@ -198,10 +198,13 @@ GITHUB_TOKEN = env_str("GITHUB_TOKEN", "")
 GITHUB_TOKEN_OWNERS = env_list("GITHUB_TOKEN_OWNERS", [])
 SANDBOX_ROOT = Path(env_str("SANDBOX_ROOT", str(DATA_DIR / "sandboxes"))).resolve()
 SANDBOX_ISOLATION = env_choice("SANDBOX_ISOLATION", "bwrap", ("bwrap", "none"))
-# The unprivileged user sandbox commands run as. Without a user namespace these are host ids:
-# pick ones no host account uses. Never root.
+# The unprivileged user sandbox commands run as, inside the sandbox's user namespace (1-65535).
 SANDBOX_UID = env_int("SANDBOX_UID", 1000, minimum=1)
 SANDBOX_GID = env_int("SANDBOX_GID", SANDBOX_UID, minimum=1)
+# Host ids for sandboxes: slot i maps inside ids 0-65535 onto START + i * 65536 onwards. The
+# default starts past systemd's container range and ends below 2^31; no host account may be in it.
+SANDBOX_ID_POOL_START = env_int("SANDBOX_ID_POOL_START", 0x70000000, minimum=65536)
+SANDBOX_ID_POOL_SLOTS = env_int("SANDBOX_ID_POOL_SLOTS", 1024, minimum=1)
 SANDBOX_NETWORK = env_choice("SANDBOX_NETWORK", "off", ("off", "on"))
 SANDBOX_IDLE_TIMEOUT = env_int("SANDBOX_IDLE_TIMEOUT", 300, minimum=1)
 SANDBOX_TIMEOUT = env_int("SANDBOX_TIMEOUT", 1800, minimum=1)

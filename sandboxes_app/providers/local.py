@@ -52,6 +52,14 @@ from sandboxes_app.providers.local_commands import (
     resolve_cwd,
     run_marker,
 )
+from sandboxes_app.providers.local_identity import (
+    claim_identity,
+    idmap_map,
+    idmapped_tree,
+    release_identity,
+    runtime_map,
+    user_namespace,
+)
 from sandboxes_app.providers.local_layout import (
     SandboxPaths,
     check_name,
@@ -65,12 +73,15 @@ from sandboxes_app.providers.local_layout import (
 )
 from sandboxes_app.providers.local_runtime import (
     HOME,
+    HOST_ENV,
     SANDBOX_PATH,
     WORKSPACE,
+    InitMounts,
     Limits,
     check_isolation,
+    ensure_layers,
+    host_tool,
     in_overlay_namespace,
-    link_lower,
     memfd_with,
     start_init,
     start_placeholder,
@@ -391,8 +402,7 @@ class LocalProvider(SandboxProvider):
             raise ProviderError("SANDBOX_ISOLATION=none cannot layer a sandbox on a base")
         with base_lock(root=self.root, sha256=base.sha256, shared=True):
             lower = ensure_base_cache(root=self.root, base=base)
-            link_lower(paths=paths, base_cache=lower)
-            paths.upper.mkdir()
+            ensure_layers(paths)
             chown_to_sandbox(paths.upper)
             branch, remote_sha = remote_head(
                 url=source.clone_url, branch=source.branch, token=source.token
@@ -401,7 +411,7 @@ class LocalProvider(SandboxProvider):
                 return branch, False
             for argv in fast_forward_argvs(repo=paths.merged, url=source.clone_url, branch=branch):
                 run_git(
-                    in_overlay_namespace(paths=paths, argv=argv),
+                    in_overlay_namespace(paths=paths, lower=lower, argv=argv),
                     trust_repo=True,
                     token=source.token,
                 )
@@ -425,30 +435,59 @@ class LocalProvider(SandboxProvider):
             write_json(paths.init, start_placeholder())
             return
         self._own_root()
-        lower = None
+        ensure_layers(paths)
         base = snapshot_from_dict(meta["base"])
+        uid, gid = sandbox_ids()
+        identity = claim_identity(root=self.root, name=paths.name)
+        with contextlib.ExitStack() as fds:
+            try:
+                record = self._start_init(
+                    paths=paths, base=base, identity=identity, uid=uid, gid=gid, fds=fds
+                )
+            except BaseException:
+                release_identity(root=self.root, name=paths.name, slot=identity.slot)
+                raise
+        record.update(slot=identity.slot, host_base=identity.host_base)
+        write_json(paths.init, record)
+
+    def _start_init(self, *, paths, base, identity, uid: int, gid: int, fds) -> dict:
+        """The init in the identity's user namespace, over idmapped layers (fds: closed by
+        the caller once the init holds what it needs)."""
+        tools = {"unshare": host_tool("unshare"), "sleep": host_tool("sleep"), "env": HOST_ENV}
+
+        def keep(fd: int) -> int:
+            fds.callback(os.close, fd)
+            return fd
+
+        userns_fd = keep(user_namespace(id_map=runtime_map(identity), **tools))
+        idmap_fd = keep(user_namespace(id_map=idmap_map(identity), **tools))
+        base_fd = None
         if base is not None:
             with base_lock(root=self.root, sha256=base.sha256, shared=True):
-                lower = ensure_base_cache(root=self.root, base=base)
-        link_lower(paths=paths, base_cache=lower)
-        uid, gid = sandbox_ids()
-        seccomp_fd = open_seccomp_bpf(root=self.root)
-        try:
-            record = start_init(
-                paths=paths,
-                cgroups=cgroups,
-                limits=self.limits,
-                network=self.network,
-                uid=uid,
-                gid=gid,
-                seccomp_fd=seccomp_fd,
-            )
-        finally:
-            os.close(seccomp_fd)
-        write_json(paths.init, record)
+                cache = ensure_base_cache(root=self.root, base=base)
+                base_fd = keep(idmapped_tree(cache, userns_fd=idmap_fd))
+        mounts = InitMounts(
+            userns_fd=userns_fd,
+            dir_fd=keep(idmapped_tree(paths.dir, userns_fd=idmap_fd)),
+            base_fd=base_fd,
+        )
+        return start_init(
+            paths=paths,
+            mounts=mounts,
+            cgroups=self._cgroups(paths.name),
+            limits=self.limits,
+            network=self.network,
+            uid=uid,
+            gid=gid,
+            seccomp_fd=keep(open_seccomp_bpf(root=self.root)),
+        )
 
     def _stop(self, paths: SandboxPaths) -> None:
         stop_init(record=live_init(paths), cgroups=self._cgroups(paths.name))
+        # The slot goes back only once nothing of the sandbox runs under its ids.
+        release_identity(
+            root=self.root, name=paths.name, slot=(read_json(paths.init) or {}).get("slot")
+        )
         with contextlib.suppress(FileNotFoundError):
             paths.init.unlink()
 

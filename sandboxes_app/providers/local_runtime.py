@@ -30,6 +30,7 @@ from pathlib import Path
 
 from sandboxes_app.providers.base import ProviderError
 from sandboxes_app.providers.local_cgroups import SandboxCgroups
+from sandboxes_app.providers.local_identity import check_pool
 from sandboxes_app.providers.local_layout import (
     SandboxPaths,
     init_record,
@@ -144,10 +145,50 @@ def _system_image_args(*, etc_fds: dict[str, int]) -> list[str]:
 
 _INIT_SCRIPT = "echo ready; exec sleep infinity </dev/null >/dev/null 2>&1"
 
+# Where, in the init's throwaway mount namespace only, the workspace overlay is mounted for
+# bwrap to bind: a directory every Linux has, that the sandbox's own root (a pool uid) can
+# traverse, unlike SANDBOX_ROOT. A tmpfs covers it first, so the host's /mnt is untouched.
+STAGE = "/mnt"
+_STAGED_WORKSPACE = f"{STAGE}/ws"
+
+# As host root, in the init's new mount namespace: from inside the sandbox dir's idmapped
+# view ($1), mount a tmpfs on $2 and the overlay ($3: options with relative layer names) on
+# $2/ws, then exec the rest (which enters the sandbox's user namespace and starts bwrap).
+_STAGE_WORKSPACE = (
+    'cd "$1" || exit 125; '
+    'mount -t tmpfs -o mode=0755,size=16k,nosuid,nodev,noexec recoup-stage "$2" || exit 125; '
+    'mkdir "$2/ws" && mount -t overlay overlay -o "$3" "$2/ws" || exit 125; '
+    'shift 3; cd / && exec "$@"'
+)
+_OVERLAY_FLAGS = (
+    # metacopy would leave data in the lower layer, making the upper layer alone (what a
+    # snapshot stores) incomplete; redirect_dir and index would tie it to this host's inodes.
+    "redirect_dir=off,index=off,metacopy=off,xino=off"
+)
+
+
+@dataclass(frozen=True)
+class InitMounts:
+    """What the init's mounts are made of: fds of the sandbox's user namespace, of the
+    idmapped sandbox dir (lower/, upper/, work/) and of the idmapped base cache, if any."""
+
+    userns_fd: int
+    dir_fd: int
+    base_fd: int | None
+
+    @property
+    def fds(self) -> tuple[int, ...]:
+        return tuple(fd for fd in (self.userns_fd, self.dir_fd, self.base_fd) if fd is not None)
+
+    def overlay_options(self) -> str:
+        lower = "lower" if self.base_fd is None else f"/proc/self/fd/{self.base_fd}"
+        return f"lowerdir={lower},upperdir=upper,workdir=work,{_OVERLAY_FLAGS}"
+
 
 def start_init(
     *,
     paths: SandboxPaths,
+    mounts: InitMounts,
     cgroups: SandboxCgroups | None,
     limits: Limits,
     network: bool,
@@ -155,13 +196,14 @@ def start_init(
     gid: int,
     seccomp_fd: int,
 ) -> dict:
-    """Start the sandbox's init over its workspace (overlay of `lower`/`upper`, mounted by
-    in_overlay_namespace) and return its init record.
+    """Start the sandbox's init over its workspace and return its init record.
 
-    `uid`/`gid` are the ids the sandbox's passwd names; the record keeps them so this init's
-    commands run as them whatever the settings say by the time they come. bwrap reads its
-    arguments from a memfd (`--args`), so the sandbox's PID 1 shows `bwrap --args N` and no
-    host path.
+    Host root mounts the overlay in a new mount namespace, from idmapped layers; bwrap then
+    runs as the root of the sandbox's own user namespace (a pool uid on the host), so every
+    namespace it makes belongs to that user namespace. `uid`/`gid` are the inside ids the
+    sandbox's passwd names; the record keeps them so this init's commands run as them whatever
+    the settings say by the time they come. bwrap reads its arguments from a memfd (`--args`),
+    so the sandbox's PID 1 shows `bwrap --args N` and no host path.
     """
     if cgroups is not None:
         cgroups.kill_all_and_remove()
@@ -199,7 +241,7 @@ def start_init(
             HOME,
             # The overlay's own root: mountinfo shows "overlay" and relative layer names.
             "--bind",
-            str(paths.merged),
+            _STAGED_WORKSPACE,
             WORKSPACE,
             "--chdir",
             WORKSPACE,
@@ -214,18 +256,19 @@ def start_init(
         args_fd = stack.enter_context(
             memfd_with(b"".join(a.encode() + b"\0" for a in bwrap_args), name="bwrap-args")
         )
-        bwrap = in_overlay_namespace(
-            paths=paths,
-            argv=[host_tool("bwrap"), "--args", str(args_fd), "--", SH, "-c", _INIT_SCRIPT],
-        )
         procs = cgroups.init_procs_files() if cgroups else []
-        argv = [SH, "-c", _JOIN_AND_DETACH, "sh", *map(str, procs), "--", *bwrap]
+        argv = [SH, "-c", _JOIN_AND_DETACH, "sh", *map(str, procs), "--"]
+        argv += [host_tool("unshare"), "--mount", "--propagation", "private", "--"]
+        argv += [SH, "-c", _STAGE_WORKSPACE, "sh", f"/proc/self/fd/{mounts.dir_fd}", STAGE]
+        argv += [mounts.overlay_options()]
+        argv += [host_tool("nsenter"), f"--user=/proc/self/fd/{mounts.userns_fd}", "--"]
+        argv += [host_tool("bwrap"), "--args", str(args_fd), "--", SH, "-c", _INIT_SCRIPT]
         launcher = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(info_w, seccomp_fd, args_fd, *etc_fds.values()),
+            pass_fds=(info_w, seccomp_fd, args_fd, *etc_fds.values(), *mounts.fds),
             env=HOST_ENV,
             start_new_session=True,
         )
@@ -248,50 +291,27 @@ def start_init(
     return record
 
 
-def link_lower(*, paths: SandboxPaths, base_cache: Path | None) -> None:
-    """Point the sandbox's `lower` at its base cache, or make it the empty layer.
-
-    Every sandbox is an overlay, so the workspace mount never names a host path: a symlink
-    under a fixed relative name stands in for the base cache's path (and its hash).
-    """
-    lower = paths.lower
-    if base_cache is None:
-        if lower.is_symlink():
-            lower.unlink()
-        lower.mkdir(mode=0o755, exist_ok=True)
-        return
-    if lower.is_symlink() and os.readlink(lower) == str(base_cache):
-        return
-    if lower.is_dir() and not lower.is_symlink():
-        lower.rmdir()  # the empty layer of a sandbox that now sits on a base: never has files
-    tmp = paths.dir / f".lower-{os.getpid()}"
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    tmp.symlink_to(base_cache)
-    os.replace(tmp, lower)
+def ensure_layers(paths: SandboxPaths) -> None:
+    """The overlay's dirs: `lower` is the empty lower layer of a sandbox without a base (a
+    base's cache is handed over by fd instead), `work` overlayfs's own."""
+    if paths.lower.is_symlink():
+        paths.lower.unlink()
+    for layer in (paths.lower, paths.upper, paths.work, paths.merged):
+        layer.mkdir(mode=0o755, exist_ok=True)
 
 
-# In a throwaway mount namespace: cd into the sandbox's dir, mount the overlay from relative
-# layer names (what mountinfo shows), then exec the rest.
-_MOUNT_OVERLAY = (
-    'cd "$1" || exit 125; mount -t overlay overlay -o "$2" merged || exit 125; shift 2; exec "$@"'
-)
-_OVERLAY_OPTIONS = (
-    "lowerdir=lower,upperdir=upper,workdir=work,"
-    # metacopy would leave data in the lower layer, making the upper layer alone (what a
-    # snapshot stores) incomplete; redirect_dir and index would tie it to this host's inodes.
-    "redirect_dir=off,index=off,metacopy=off,xino=off"
-)
+# Host-side git on a base layer: the overlay in a throwaway mount namespace (nothing is mounted
+# on the host, and the mount disappears with the namespace, even on a crash), then the rest.
+_MOUNT_OVERLAY = 'cd "$1" || exit 125; mount -t overlay overlay -o "$2" merged || exit 125; '
+_MOUNT_OVERLAY += 'shift 2; exec "$@"'
 
 
-def in_overlay_namespace(*, paths: SandboxPaths, argv: list[str]) -> list[str]:
-    """argv run with the overlay mounted at paths.merged, in a throwaway mount namespace.
-
-    link_lower must have run first. Nothing is mounted on the host, and the mount disappears
-    with the namespace, even on a crash.
-    """
-    for layer in (paths.upper, paths.work, paths.merged):
-        layer.mkdir(exist_ok=True)
+def in_overlay_namespace(*, paths: SandboxPaths, lower: Path, argv: list[str]) -> list[str]:
+    """argv run as host root with the sandbox's overlay over `lower` mounted at paths.merged."""
+    ensure_layers(paths)
+    options = f"lowerdir={lower},upperdir=upper,workdir=work,{_OVERLAY_FLAGS}"
+    if any(ch in str(lower) for ch in ",:\\"):
+        raise ProviderError(f"Paths with ',', ':' or '\\' cannot be overlay layers: {lower}")
     return [
         host_tool("unshare"),
         "--mount",
@@ -303,7 +323,7 @@ def in_overlay_namespace(*, paths: SandboxPaths, argv: list[str]) -> list[str]:
         _MOUNT_OVERLAY,
         "sh",
         str(paths.dir),
-        _OVERLAY_OPTIONS,
+        options,
         *argv,
     ]
 
@@ -440,6 +460,9 @@ def check_isolation(*, network: bool) -> None:
     ):
         if shutil.which(tool, path=HOST_PATH) is None:
             raise ProviderError(f"{tool} is missing: apt-get install {package}")
+    if not os.path.isdir(STAGE):
+        raise ProviderError(f"{STAGE} is missing: sandboxes stage their workspace mount on it")
+    check_pool()
     if network and shutil.which("slirp4netns", path=HOST_PATH) is None:
         raise ProviderError("SANDBOX_NETWORK=on needs slirp4netns: apt-get install slirp4netns")
     probe = subprocess.run(
