@@ -28,6 +28,7 @@ from django.conf import settings
 from sandboxes_app.providers.base import ProviderError
 
 RANGE = 65536  # ids per sandbox: everything a distribution's packages expect to exist
+ACCOUNT_TABLES = ("/etc/passwd", "/etc/group")  # where `useradd` and `groupadd` write
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _SYS_OPEN_TREE = 428  # the same number on every architecture (new syscall table)
@@ -75,7 +76,7 @@ def check_pool() -> None:
     for ids in (settings.SANDBOX_UID, settings.SANDBOX_GID):
         if not 0 < ids < RANGE:
             raise ProviderError("SANDBOX_UID and SANDBOX_GID must be between 1 and 65535")
-    for table in ("/etc/passwd", "/etc/group"):
+    for table in ACCOUNT_TABLES:
         with contextlib.suppress(FileNotFoundError), open(table) as f:
             for line in f:
                 fields = line.split(":")
