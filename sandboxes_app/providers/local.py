@@ -58,7 +58,7 @@ from sandboxes_app.providers.local_identity import (
     idmapped_tree,
     release_identity,
     runtime_map,
-    user_namespace,
+    user_namespaces,
 )
 from sandboxes_app.providers.local_layout import (
     SandboxPaths,
@@ -459,8 +459,8 @@ class LocalProvider(SandboxProvider):
             fds.callback(os.close, fd)
             return fd
 
-        userns_fd = keep(user_namespace(id_map=runtime_map(identity), **tools))
-        idmap_fd = keep(user_namespace(id_map=idmap_map(identity), **tools))
+        namespaces = user_namespaces(id_maps=[runtime_map(identity), idmap_map(identity)], **tools)
+        userns_fd, idmap_fd = (keep(fd) for fd in namespaces)
         base_fd = None
         if base is not None:
             with base_lock(root=self.root, sha256=base.sha256, shared=True):

@@ -152,33 +152,44 @@ def idmap_map(identity: Identity) -> str:
     return f"0 0 1\n1 {identity.host_base + 1} {RANGE - 1}\n"
 
 
-def user_namespace(*, id_map: str, unshare: str, sleep: str, env: dict) -> int:
-    """An fd of a new user namespace whose uid and gid maps are `id_map`.
+def user_namespaces(*, id_maps: list[str], unshare: str, sleep: str, env: dict) -> list[int]:
+    """fds of new user namespaces, one per uid/gid map in `id_maps`.
 
-    A throwaway process creates it (util-linux `unshare --user`); we write its maps as root,
-    keep the namespace by its fd, and end the process. About 2 ms.
+    Throwaway processes create them (util-linux `unshare --user`), all at once; we write
+    their maps as root, keep each namespace by its fd, and end the processes. About 3 ms.
     """
-    holder = subprocess.Popen(
-        [unshare, "--user", "--", sleep, "infinity"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
+    holders = [
+        subprocess.Popen(
+            [unshare, "--user", "--", sleep, "infinity"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        for _ in id_maps
+    ]
+    fds: list[int] = []
     try:
         mine = os.readlink("/proc/self/ns/user")
         deadline = time.monotonic() + 5
-        while os.readlink(f"/proc/{holder.pid}/ns/user") == mine:
-            if holder.poll() is not None or time.monotonic() > deadline:
-                raise ProviderError("Could not create the sandbox's user namespace")
-            time.sleep(0.0002)
-        for table in ("uid_map", "gid_map"):
-            with open(f"/proc/{holder.pid}/{table}", "w") as f:
-                f.write(id_map)
-        return os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        for holder, id_map in zip(holders, id_maps, strict=True):
+            while os.readlink(f"/proc/{holder.pid}/ns/user") == mine:
+                if holder.poll() is not None or time.monotonic() > deadline:
+                    raise ProviderError("Could not create the sandbox's user namespace")
+                time.sleep(0.0002)
+            for table in ("uid_map", "gid_map"):
+                with open(f"/proc/{holder.pid}/{table}", "w") as f:
+                    f.write(id_map)
+            fds.append(os.open(f"/proc/{holder.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC))
+        return fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
     finally:
-        holder.kill()
-        holder.wait()
+        for holder in holders:
+            holder.kill()
+            holder.wait()
 
 
 def idmapped_tree(path: Path, *, userns_fd: int) -> int:

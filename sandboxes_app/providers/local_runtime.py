@@ -147,18 +147,14 @@ _INIT_SCRIPT = "echo ready; exec sleep infinity </dev/null >/dev/null 2>&1"
 
 # Where, in the init's throwaway mount namespace only, the workspace overlay is mounted for
 # bwrap to bind: a directory every Linux has, that the sandbox's own root (a pool uid) can
-# traverse, unlike SANDBOX_ROOT. A tmpfs covers it first, so the host's /mnt is untouched.
+# traverse, unlike SANDBOX_ROOT. The host's /mnt is untouched: only that namespace sees it.
 STAGE = "/mnt"
-_STAGED_WORKSPACE = f"{STAGE}/ws"
 
 # As host root, in the init's new mount namespace: from inside the sandbox dir's idmapped
-# view ($1), mount a tmpfs on $2 and the overlay ($3: options with relative layer names) on
-# $2/ws, then exec the rest (which enters the sandbox's user namespace and starts bwrap).
+# view ($1), mount the overlay ($3: options with relative layer names) on $2, then exec the
+# rest (which enters the sandbox's user namespace and starts bwrap).
 _STAGE_WORKSPACE = (
-    'cd "$1" || exit 125; '
-    'mount -t tmpfs -o mode=0755,size=16k,nosuid,nodev,noexec recoup-stage "$2" || exit 125; '
-    'mkdir "$2/ws" && mount -t overlay overlay -o "$3" "$2/ws" || exit 125; '
-    'shift 3; cd / && exec "$@"'
+    'cd "$1" && mount -t overlay overlay -o "$3" "$2" || exit 125; shift 3; cd / && exec "$@"'
 )
 _OVERLAY_FLAGS = (
     # metacopy would leave data in the lower layer, making the upper layer alone (what a
@@ -241,7 +237,7 @@ def start_init(
             HOME,
             # The overlay's own root: mountinfo shows "overlay" and relative layer names.
             "--bind",
-            _STAGED_WORKSPACE,
+            STAGE,
             WORKSPACE,
             "--chdir",
             WORKSPACE,
