@@ -9,7 +9,9 @@ the sides alternate in rounds so machine noise lands on both.
     python bench/bench_boundary.py [--before 9209a90] [--runs 10] [--commands 50] [--rounds 2]
 
 Operations: create from a base (overlay over the base cache, fast-forward check, init start),
-resume from a 1 MB snapshot, and a command round trip (`true`).
+resume from a 1 MB snapshot, and a command round trip (`true`). A second table weighs the two
+ways to give a workspace to a new id range: re-owning every file (chown) against an idmapped
+mount (what the provider does), on trees of 1,000 and 10,000 files.
 """
 
 import argparse
@@ -112,6 +114,50 @@ def run_side(*, tree: Path, origins: Path, runs: int, commands: int) -> dict[str
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def reown_vs_idmap(*, files: int, runs: int = 5) -> tuple[float, float]:
+    """Median ms to re-own a tree of `files` files vs. to make an idmapped mount of it."""
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "recoup.settings")
+    import django
+
+    django.setup()
+    from sandboxes_app.providers.local_identity import (
+        Identity,
+        idmap_map,
+        idmapped_tree,
+        user_namespaces,
+    )
+
+    tree = Path(tempfile.mkdtemp(prefix="bench-reown-"))
+    for i in range(files):
+        sub = tree / f"d{i % 100}"
+        sub.mkdir(exist_ok=True)
+        (sub / f"f{i}").write_bytes(b"x")
+    chowns, idmaps = [], []
+    try:
+        for run in range(runs):
+            ids = 4000 + run
+            started = time.perf_counter()
+            for dirpath, dirnames, filenames in os.walk(tree):
+                for entry in dirnames + filenames:
+                    os.lchown(os.path.join(dirpath, entry), ids, ids)
+            chowns.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            identity = Identity(slot=run, host_base=0x70000000 + run * 65536)
+            (userns,) = user_namespaces(
+                id_maps=[idmap_map(identity)],
+                unshare="/usr/bin/unshare",
+                sleep="/usr/bin/sleep",
+                env={"PATH": "/usr/bin:/bin"},
+            )
+            os.close(idmapped_tree(tree, userns_fd=userns))
+            os.close(userns)
+            idmaps.append((time.perf_counter() - started) * 1000)
+    finally:
+        subprocess.run(["rm", "-rf", str(tree)], check=False)
+    return statistics.median(chowns), statistics.median(idmaps)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--before", default="9209a90")
@@ -157,6 +203,13 @@ def main() -> None:
         a = statistics.median(totals["after"][op])
         n = len(totals["after"][op])
         print(f"{op:<20} | {b:>8.1f} | {a:>8.1f} | {a - b:>+8.1f} | {n:>4}")
+    print()
+    print("a workspace in a new id range; medians in ms")
+    print(f"{'files':>6} | {'re-own (chown)':>14} | {'idmapped mount':>14}")
+    print(f"{'-' * 6}-|-{'-' * 14}-|-{'-' * 14}")
+    for files in (1000, 10000):
+        chown_ms, idmap_ms = reown_vs_idmap(files=files)
+        print(f"{files:>6} | {chown_ms:>14.1f} | {idmap_ms:>14.1f}")
 
 
 if __name__ == "__main__":
