@@ -1,5 +1,5 @@
 FROM python:3.11-slim-bookworm
-RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap git zstd util-linux slirp4netns \
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap git zstd util-linux slirp4netns libseccomp2 \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml ./

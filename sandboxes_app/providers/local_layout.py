@@ -43,8 +43,9 @@ from sandboxes_app.providers.base import ProviderError, SnapshotInfo
 def sandbox_ids() -> tuple[int, int]:
     """(uid, gid) of the sandbox user: SANDBOX_UID and SANDBOX_GID.
 
-    Without a user namespace these are ids on the host too, so an operator picks ones no host
-    account uses. Read at each use: a resumed workspace is re-owned to the current ids.
+    Ids inside the sandbox's user namespace, and the owner of workspace files on disk (under a
+    root-only SANDBOX_ROOT); on the host a running sandbox is a pool uid. Read at each use: a
+    resumed workspace is re-owned to the current ids.
     """
     return settings.SANDBOX_UID, settings.SANDBOX_GID
 
