@@ -23,6 +23,7 @@ from recoup.accounts.git_tokens import git_token_for_clone
 from recoup.accounts.models import Account
 from recoup.errors import ApplicationError, Conflict, UpstreamError
 from recoup.faults import crash_point
+from sandboxes_app.git.commands import public_text
 from sandboxes_app.git.urls import RepoRef
 from sandboxes_app.models import Sandbox, Snapshot, oneshot_sandbox_name, session_sandbox_name
 from sandboxes_app.providers.base import (
@@ -168,8 +169,8 @@ def _claim_and_provision(
             actor=actor,
         )
     except ProviderError as exc:
-        _fail(session_id=session.id, run_id=run_id, actor=actor, error=str(exc))
-        raise UpstreamError(f"The sandbox provider failed: {exc}") from exc
+        _fail(session_id=session.id, run_id=run_id, actor=actor, error=public_text(str(exc)))
+        raise UpstreamError(f"The sandbox provider failed: {public_text(str(exc))}") from exc
     except Exception as exc:
         logger.exception("provisioning failed session=%s", session.id)
         _fail(session_id=session.id, run_id=run_id, actor=actor, error=repr(exc))
@@ -320,7 +321,7 @@ def oneshot_sandbox_create(*, account: Account, repo: RepoRef) -> Ready:
     except ProviderError as exc:
         Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.FAILED)
         provider.destroy(name=name)
-        raise UpstreamError(f"The sandbox provider failed: {exc}") from exc
+        raise UpstreamError(f"The sandbox provider failed: {public_text(str(exc))}") from exc
     Sandbox.objects.filter(id=sandbox.id).update(
         status=Sandbox.Status.RUNNING, branch=info.branch, boot=info.boot
     )
@@ -386,7 +387,7 @@ def session_command_run(
             timeout_s=timeout_s,
         )
     except ProviderError as exc:
-        raise UpstreamError(f"The sandbox provider failed: {exc}") from exc
+        raise UpstreamError(f"The sandbox provider failed: {public_text(str(exc))}") from exc
     _touch(session.id)
     return result
 

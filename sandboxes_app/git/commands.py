@@ -116,7 +116,8 @@ def _subcommand(argv: list[str]) -> str:
 
 
 def public_text(text: str) -> str:
-    """git's message as a client may read it: without the mirror's address or host paths.
+    """A provider's or git's message as a client may read it: without the mirror's address or
+    host paths.
 
     The message reaches API responses and `lifecycleError`; the client only knows the
     `https://github.com/...` form of its repository, and the host's layout is none of its
@@ -126,7 +127,17 @@ def public_text(text: str) -> str:
     text = text.replace(base, PUBLIC_BASE_URL)
     if base.startswith("file://"):  # git names a local mirror by its path
         text = text.replace(base.removeprefix("file://"), PUBLIC_BASE_URL)
-    return text.replace(str(settings.SANDBOX_ROOT), "<sandboxes>")
+    # Longest first: SANDBOX_ROOT and the snapshot store usually sit under the data dir.
+    for path, name in sorted(
+        (
+            (str(settings.SANDBOX_ROOT), "<sandboxes>"),
+            (str(settings.SNAPSHOT_STORAGE_ROOT), "<snapshots>"),
+            (str(settings.DATA_DIR), "<data>"),
+        ),
+        key=lambda pair: -len(pair[0]),
+    ):
+        text = text.replace(path, name)
+    return text
 
 
 def git_clone(*, url: str, dest: Path, branch: str | None, token: str | None = None) -> None:

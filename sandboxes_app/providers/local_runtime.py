@@ -244,6 +244,9 @@ def start_init(
             "--remount-ro",
             "/",
             "--new-session",
+            # The init only sleeps: even inside its own user namespace it holds no capability.
+            "--cap-drop",
+            "ALL",
             "--info-fd",
             str(info_w),
             "--seccomp",
