@@ -221,9 +221,14 @@ def run_marker(paths: SandboxPaths) -> Iterator[None]:
 
 def kill_tree(proc: subprocess.Popen, *, cgroups: SandboxCgroups | None, run_id: str) -> None:
     if cgroups is not None:
-        cgroups.kill_run(run_id, spare=proc.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=2)
+        # The chain may not have joined its cgroups yet (a timeout of a few ms), or may fork
+        # after a sweep: sweep until the spared host-side process has exited, which it does
+        # as soon as its child is gone. Only if it never does is it killed itself.
+        deadline = time.monotonic() + 2
+        while proc.poll() is None and time.monotonic() < deadline:
+            cgroups.kill_run(run_id, spare=proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.005)
         if proc.poll() is None:
             proc.kill()
     else:

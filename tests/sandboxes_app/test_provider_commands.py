@@ -266,3 +266,21 @@ def test_a_cpu_time_limit_applies(make_provider, settings, source, new_name):
     # the command's own 20 s timeout.
     assert not spin.timed_out and spin.exit_code != 0, spin
     assert spin.duration_ms < 10_000, spin
+
+
+@pytest.mark.parametrize("timeout_s", [0.001, 0.2])
+def test_a_timeout_kills_the_whole_tree_promptly_even_before_the_command_started(
+    provider, sandbox, timeout_s
+):
+    started = time.monotonic()
+    result = provider.run(
+        name=sandbox, argv=["sh", "-c", "sleep 30 & sleep 30 & wait"], timeout_s=timeout_s
+    )
+    elapsed = time.monotonic() - started
+
+    assert result.timed_out and result.exit_code is None
+    # Measured at about 20 ms past the deadline; the bound leaves room for a loaded machine
+    # (the code before this bound took 2 s for a 1 ms timeout).
+    assert elapsed < timeout_s + 0.5, elapsed
+    left = provider.run(name=sandbox, argv=["sh", "-c", "ps -eo comm= | grep -cx sleep"])
+    assert left.stdout.strip() == "1"  # only the init's own sleep
