@@ -10,6 +10,7 @@ from recoup.env import (
     database_from_url,
     env_bool,
     env_choice,
+    env_float,
     env_int,
     env_list,
     env_str,
@@ -217,6 +218,8 @@ SANDBOX_MEMORY_MB = env_int("SANDBOX_MEMORY_MB", 2048, minimum=64)
 SANDBOX_MAX_PROCESSES = env_int("SANDBOX_MAX_PROCESSES", 512, minimum=16)
 SANDBOX_MAX_FILE_MB = env_int("SANDBOX_MAX_FILE_MB", 1024, minimum=1)
 SANDBOX_CPU_SECONDS = env_int("SANDBOX_CPU_SECONDS", 3600, minimum=1)
+# CPUs a sandbox may use at once, all its processes together (fractions allowed).
+SANDBOX_CPUS = env_float("SANDBOX_CPUS", 1.0, minimum=0.01)
 # A lifecycle run (provision, resume, hibernate) holds a lease this long; after it a crashed
 # run's lease is reclaimed by the next request or sweep.
 LIFECYCLE_LEASE_SECONDS = env_int("LIFECYCLE_LEASE_SECONDS", 900, minimum=5)

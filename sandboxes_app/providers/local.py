@@ -143,6 +143,7 @@ class LocalProvider(SandboxProvider):
             isolation=settings.SANDBOX_ISOLATION,
             network=network,
             limits=Limits(
+                cpus=settings.SANDBOX_CPUS,
                 memory_mb=settings.SANDBOX_MEMORY_MB,
                 max_processes=settings.SANDBOX_MAX_PROCESSES,
                 max_file_mb=settings.SANDBOX_MAX_FILE_MB,
@@ -429,9 +430,7 @@ class LocalProvider(SandboxProvider):
             )
             if cgroups is not None:
                 # No init joins them, but each command's limits and timeout kill still do.
-                cgroups.setup(
-                    memory_mb=self.limits.memory_mb, max_processes=self.limits.max_processes
-                )
+                cgroups.setup(limits=self.limits)
             write_json(paths.init, start_placeholder())
             return
         self._own_root()

@@ -1,8 +1,9 @@
-"""Per-sandbox cgroups (v1): memory and pids limits, a freezer for snapshots, and one child
+"""Per-sandbox cgroups (v1): CPU, memory and pids limits, a freezer for snapshots, and one child
 cgroup per command so a timeout can kill the command's whole tree, whatever it forked or
 setsid'd.
 
-Layout: /sys/fs/cgroup/<controller>/recoup/<key>[/run-<id>] for memory, pids and freezer.
+Layout: /sys/fs/cgroup/<controller>/recoup/<key>[/run-<id>] for memory, pids and freezer, and
+/sys/fs/cgroup/{cpu,cpuacct}/recoup/<key> (no run groups: the CPU budget is the sandbox's).
 The init and background processes stay in the sandbox-level groups or their run groups;
 freezing the sandbox-level freezer freezes every descendant.
 """
@@ -18,7 +19,8 @@ from pathlib import Path
 from sandboxes_app.providers.base import ProviderError
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-CONTROLLERS = ("memory", "pids", "freezer")
+CONTROLLERS = ("memory", "pids", "freezer", "cpu", "cpuacct")
+_CFS_PERIOD_US = 100_000
 
 
 def cgroups_available() -> bool:
@@ -39,11 +41,17 @@ class SandboxCgroups:
         path = CGROUP_ROOT / controller / "recoup" / self.key
         return path / f"run-{run_id}" if run_id else path
 
-    def setup(self, *, memory_mb: int, max_processes: int) -> None:
+    def setup(self, *, limits) -> None:
+        """Make the sandbox's groups with `limits` (a local_runtime.Limits)."""
         for controller in CONTROLLERS:
             self.dir(controller).mkdir(parents=True, exist_ok=True)
-        _write(self.dir("memory") / "memory.limit_in_bytes", str(memory_mb * 1024 * 1024))
-        _write(self.dir("pids") / "pids.max", str(max_processes))
+        _write(self.dir("memory") / "memory.limit_in_bytes", str(limits.memory_mb * 1024 * 1024))
+        _write(self.dir("pids") / "pids.max", str(limits.max_processes))
+        # CFS bandwidth: every process of the sandbox together gets `cpus` CPUs' worth of time.
+        _write(self.dir("cpu") / "cpu.cfs_period_us", str(_CFS_PERIOD_US))
+        _write(
+            self.dir("cpu") / "cpu.cfs_quota_us", str(max(int(limits.cpus * _CFS_PERIOD_US), 1000))
+        )
         _write(self.dir("freezer") / "freezer.state", "THAWED")
 
     def init_procs_files(self) -> list[Path]:
@@ -55,9 +63,15 @@ class SandboxCgroups:
             self.dir(controller, run_id).mkdir()
         return [
             self.dir("memory") / "cgroup.procs",
+            self.dir("cpu") / "cgroup.procs",
+            self.dir("cpuacct") / "cgroup.procs",
             self.dir("pids", run_id) / "cgroup.procs",
             self.dir("freezer", run_id) / "cgroup.procs",
         ]
+
+    def cpu_usage_ns(self) -> int:
+        """CPU time used by the sandbox's processes so far (cpuacct), in nanoseconds."""
+        return int((self.dir("cpuacct") / "cpuacct.usage").read_text())
 
     def release_run(self, run_id: str) -> None:
         """Remove the run's groups unless background processes still live in them."""

@@ -80,6 +80,7 @@ _HOST_ETC = (
 
 @dataclass(frozen=True)
 class Limits:
+    cpus: float
     memory_mb: int
     max_processes: int
     max_file_mb: int
@@ -203,7 +204,7 @@ def start_init(
     """
     if cgroups is not None:
         cgroups.kill_all_and_remove()
-        cgroups.setup(memory_mb=limits.memory_mb, max_processes=limits.max_processes)
+        cgroups.setup(limits=limits)
     info_r, info_w = os.pipe()
     with contextlib.ExitStack() as stack:
         etc_fds = {

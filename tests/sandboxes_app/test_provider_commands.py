@@ -284,3 +284,30 @@ def test_a_timeout_kills_the_whole_tree_promptly_even_before_the_command_started
     assert elapsed < timeout_s + 0.5, elapsed
     left = provider.run(name=sandbox, argv=["sh", "-c", "ps -eo comm= | grep -cx sleep"])
     assert left.stdout.strip() == "1"  # only the init's own sleep
+
+
+def test_all_processes_of_a_sandbox_share_its_cpu_budget(make_provider, settings, source, new_name):
+    settings.SANDBOX_CPUS = 0.5
+    provider = make_provider()
+    name = new_name()
+    provider.create(name=name, source=source)
+    cgroups = provider._cgroups(name)
+    before = cgroups.cpu_usage_ns()
+
+    started = time.monotonic()
+    # Two spinners (plus a short-process loop, which RLIMIT_CPU alone never catches) for 2 s.
+    provider.run(
+        name=name,
+        argv=[
+            "sh",
+            "-c",
+            "for i in 1 2; do (while :; do :; done) & done;"
+            " (while :; do /bin/true; done) & sleep 2; kill $(jobs -p)",
+        ],
+        timeout_s=20,
+    )
+    wall = time.monotonic() - started
+    used = (cgroups.cpu_usage_ns() - before) / 1e9
+
+    # Unlimited, this takes up to both cores for 2 s; the budget is half a core.
+    assert used <= 0.5 * wall * 1.2 + 0.1, (used, wall)
