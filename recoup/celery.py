@@ -4,7 +4,7 @@ import os
 import time
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun
+from celery.signals import task_postrun, task_prerun, worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "recoup.settings")
 
@@ -13,6 +13,16 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 logger = logging.getLogger("recoup.task")
+
+
+@worker_init.connect
+def _refuse_without_sandboxes(**kwargs: object) -> None:
+    """A worker runs the lifecycle on this host's sandboxes: it does not start without them."""
+    from sandboxes_app.checks import require_sandbox_provider
+
+    require_sandbox_provider()
+
+
 _started: dict[str, float] = {}
 
 

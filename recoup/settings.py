@@ -207,6 +207,12 @@ SANDBOX_GID = env_int("SANDBOX_GID", SANDBOX_UID, minimum=1)
 SANDBOX_ID_POOL_START = env_int("SANDBOX_ID_POOL_START", 0x70000000, minimum=65536)
 SANDBOX_ID_POOL_SLOTS = env_int("SANDBOX_ID_POOL_SLOTS", 1024, minimum=1)
 SANDBOX_NETWORK = env_choice("SANDBOX_NETWORK", "off", ("off", "on"))
+# "off" runs sandboxes without memory/process/CPU limits where cgroups cannot enforce them
+# (the service otherwise refuses to start there); /readyz says so.
+SANDBOX_LIMITS = env_choice("SANDBOX_LIMITS", "on", ("on", "off"))
+# Which cgroups carry the limits: v1 hierarchies, a cgroup2 mount, or whichever is complete.
+SANDBOX_CGROUP = env_choice("SANDBOX_CGROUP", "auto", ("auto", "v1", "v2"))
+SANDBOX_CGROUP2_ROOT = Path(env_str("SANDBOX_CGROUP2_ROOT", "/sys/fs/cgroup"))
 SANDBOX_IDLE_TIMEOUT = env_int("SANDBOX_IDLE_TIMEOUT", 300, minimum=1)
 SANDBOX_TIMEOUT = env_int("SANDBOX_TIMEOUT", 1800, minimum=1)
 SANDBOX_EXTEND = env_int("SANDBOX_EXTEND", 1200, minimum=1)

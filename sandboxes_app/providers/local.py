@@ -42,7 +42,12 @@ from sandboxes_app.providers.base import (
     SnapshotInfo,
     env_problem,
 )
-from sandboxes_app.providers.local_cgroups import SandboxCgroups, cgroups_available
+from sandboxes_app.providers.local_cgroups import (
+    CgroupBackend,
+    SandboxCgroups,
+    SandboxCgroups2,
+    detect_backend,
+)
 from sandboxes_app.providers.local_commands import (
     Command,
     command_argv,
@@ -127,7 +132,9 @@ class LocalProvider(SandboxProvider):
         self.command_timeout = command_timeout
         self.max_command_timeout = max_command_timeout
         self.output_cap = output_cap
-        self.use_cgroups = cgroups_available()
+        self.cgroup_backend: CgroupBackend = detect_backend(
+            choice=settings.SANDBOX_CGROUP, v2_root=settings.SANDBOX_CGROUP2_ROOT
+        )
         # Different SANDBOX_ROOTs on one host (parallel test runs) must not share cgroups.
         self._cgroup_prefix = hashlib.sha256(str(self.root).encode()).hexdigest()[:8]
 
@@ -138,7 +145,7 @@ class LocalProvider(SandboxProvider):
         network = settings.SANDBOX_NETWORK == "on"
         if settings.SANDBOX_ISOLATION == "bwrap":
             check_isolation(network=network)
-        return cls(
+        provider = cls(
             root=settings.SANDBOX_ROOT,
             isolation=settings.SANDBOX_ISOLATION,
             network=network,
@@ -152,6 +159,20 @@ class LocalProvider(SandboxProvider):
             command_timeout=settings.SANDBOX_COMMAND_TIMEOUT,
             max_command_timeout=settings.SANDBOX_COMMAND_MAX_TIMEOUT,
             output_cap=settings.SANDBOX_OUTPUT_CAP,
+        )
+        if settings.SANDBOX_ISOLATION == "bwrap":
+            provider.check_limits()
+        return provider
+
+    def check_limits(self) -> None:
+        """Refuse to run sandboxes whose limits would not hold, unless SANDBOX_LIMITS=off."""
+        if self.cgroup_backend.enforced or settings.SANDBOX_LIMITS == "off":
+            return
+        raise ProviderError(
+            f"Sandbox limits are {self.cgroup_backend.describe()}. Delegate the memory, pids "
+            "and cpu controllers to this service on a cgroup2 mount (systemd: Delegate=yes; "
+            "Docker: privileged, with the host's cgroup namespace), or set SANDBOX_LIMITS=off "
+            "to run sandboxes without limits"
         )
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -348,10 +369,8 @@ class LocalProvider(SandboxProvider):
         if self.root.stat().st_mode & 0o777 != 0o700:
             os.chmod(self.root, 0o700)
 
-    def _cgroups(self, name: str) -> SandboxCgroups | None:
-        if not self.use_cgroups:
-            return None
-        return SandboxCgroups(key=f"{self._cgroup_prefix}-{name}")
+    def _cgroups(self, name: str) -> SandboxCgroups | SandboxCgroups2 | None:
+        return self.cgroup_backend.for_sandbox(f"{self._cgroup_prefix}-{name}")
 
     def _meta(self, *, paths: SandboxPaths, branch: str, base: SnapshotInfo | None, boot: str):
         return {

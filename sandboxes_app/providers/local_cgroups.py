@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from sandboxes_app.providers.base import ProviderError
@@ -158,3 +159,176 @@ def _rmdir_when_empty(path: Path, *, timeout_s: float = 2.0) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
+
+
+# --- cgroup v2 ---------------------------------------------------------------------------
+
+V2_CONTROLLERS = ("memory", "pids", "cpu")
+
+
+def v2_controllers(root: Path) -> set[str]:
+    """The controllers a cgroup2 mount at `root` offers, or an empty set if it is not one."""
+    try:
+        return set((root / "cgroup.controllers").read_text().split())
+    except OSError:
+        return set()
+
+
+def v2_writable(root: Path) -> bool:
+    return (root / "cgroup.procs").exists() and os.access(root, os.W_OK)
+
+
+class SandboxCgroups2:
+    """The cgroups of one sandbox on a cgroup2 mount (`root`).
+
+    Layout: <root>/recoup/<key> holds the limits (memory.max, pids.max, cpu.max); its children
+    `init` (the init, the network helper, background processes) and `run-<id>` (one per
+    command) hold the processes, so no group both has processes and hands controllers down.
+    cgroup.freeze quiesces the sandbox for a snapshot; cgroup.kill ends it in one write.
+    `controllers` are the ones the mount offers; limits are set for those only (the caller
+    refuses to start when one it needs is missing, unless SANDBOX_LIMITS=off).
+    """
+
+    def __init__(self, *, key: str, root: Path, controllers: set[str]) -> None:
+        self.key = key
+        self.root = root
+        self.controllers = controllers & set(V2_CONTROLLERS)
+
+    def dir(self, run_id: str | None = None) -> Path:
+        path = self.root / "recoup" / self.key
+        return path / f"run-{run_id}" if run_id else path
+
+    def setup(self, *, limits) -> None:
+        """Make the sandbox's groups with `limits` (a local_runtime.Limits)."""
+        enable = " ".join(f"+{c}" for c in sorted(self.controllers))
+        parent = self.root / "recoup"
+        parent.mkdir(exist_ok=True)
+        for group in (self.root, parent):
+            current = set((group / "cgroup.subtree_control").read_text().split())
+            if enable and not self.controllers <= current:
+                _write(group / "cgroup.subtree_control", enable)
+        top = self.dir()
+        (top / "init").mkdir(parents=True, exist_ok=True)
+        if "memory" in self.controllers:
+            _write(top / "memory.max", str(limits.memory_mb * 1024 * 1024))
+            if (top / "memory.swap.max").exists():
+                _write(top / "memory.swap.max", "0")
+        if "pids" in self.controllers:
+            _write(top / "pids.max", str(limits.max_processes))
+        if "cpu" in self.controllers:
+            quota = max(int(limits.cpus * _CFS_PERIOD_US), 1000)
+            _write(top / "cpu.max", f"{quota} {_CFS_PERIOD_US}")
+        _write(top / "cgroup.freeze", "0")
+
+    def init_procs_files(self) -> list[Path]:
+        return [self.dir() / "init" / "cgroup.procs"]
+
+    def create_run(self, run_id: str) -> list[Path]:
+        self.dir(run_id).mkdir()
+        return [self.dir(run_id) / "cgroup.procs"]
+
+    def release_run(self, run_id: str) -> None:
+        with contextlib.suppress(OSError):
+            self.dir(run_id).rmdir()
+
+    def kill_run(self, run_id: str, *, spare: int) -> None:
+        """Kill every process of the run but `spare` (see SandboxCgroups.kill_run)."""
+        _kill_tree_v2(group=self.dir(run_id), spare=spare)
+
+    def freeze(self, *, timeout_s: float = 10.0) -> None:
+        top = self.dir()
+        _write(top / "cgroup.freeze", "1")
+        deadline = time.monotonic() + timeout_s
+        while "frozen 1" not in (top / "cgroup.events").read_text():
+            if time.monotonic() > deadline:
+                _write(top / "cgroup.freeze", "0")
+                raise ProviderError("Could not freeze the sandbox for a snapshot")
+            time.sleep(0.005)
+
+    def thaw(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            _write(self.dir() / "cgroup.freeze", "0")
+
+    def kill_all_and_remove(self) -> None:
+        """Kill every process of the sandbox and delete its groups. Idempotent."""
+        top = self.dir()
+        if not top.exists():
+            return
+        if (top / "cgroup.kill").exists():
+            _write(top / "cgroup.kill", "1")
+        _kill_tree_v2(group=top)
+        for child in sorted(top.iterdir()):
+            if child.is_dir():
+                _rmdir_when_empty(child)
+        _rmdir_when_empty(top)
+
+    def cpu_usage_ns(self) -> int:
+        for line in (self.dir() / "cpu.stat").read_text().splitlines():
+            if line.startswith("usage_usec "):
+                return int(line.split()[1]) * 1000
+        raise ProviderError("cpu.stat has no usage_usec")
+
+
+def _kill_tree_v2(*, group: Path, spare: int | None = None, timeout_s: float = 5.0) -> None:
+    """Freeze so nothing can fork while we kill, SIGKILL everything, thaw so the kills land."""
+    if not group.exists():
+        return
+    _write(group / "cgroup.freeze", "1")
+    for pid in _pids_under(group):
+        if pid != spare:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    _write(group / "cgroup.freeze", "0")
+    deadline = time.monotonic() + timeout_s
+    while pids := [p for p in _pids_under(group) if p != spare]:
+        if time.monotonic() > deadline:
+            raise ProviderError(f"Processes {pids} of the sandbox would not die")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.005)
+
+
+# --- which one ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CgroupBackend:
+    """The cgroups this host gives sandboxes: v1 hierarchies, a cgroup2 mount, or none."""
+
+    kind: str | None  # "v1", "v2" or None
+    v2_root: Path
+    controllers: frozenset[str] = frozenset()  # what the cgroup2 mount offers
+
+    @property
+    def enforced(self) -> bool:
+        """True when memory, process and CPU limits all hold."""
+        return self.kind == "v1" or (
+            self.kind == "v2" and set(V2_CONTROLLERS) <= set(self.controllers)
+        )
+
+    def describe(self) -> str:
+        if self.enforced:
+            return f"enforced (cgroup {self.kind})"
+        if self.kind == "v2":
+            missing = ", ".join(sorted(set(V2_CONTROLLERS) - set(self.controllers)))
+            return f"not enforced: the cgroup2 mount at {self.v2_root} does not offer {missing}"
+        return "not enforced: no writable cgroup v1 hierarchies or cgroup2 mount"
+
+    def for_sandbox(self, key: str) -> SandboxCgroups | SandboxCgroups2 | None:
+        if self.kind == "v1":
+            return SandboxCgroups(key=key)
+        if self.kind == "v2":
+            return SandboxCgroups2(key=key, root=self.v2_root, controllers=set(self.controllers))
+        return None
+
+
+def detect_backend(*, choice: str, v2_root: Path) -> CgroupBackend:
+    """`choice` is SANDBOX_CGROUP: "auto" takes complete v1 hierarchies, else a writable
+    cgroup2 mount (even one without controllers: its freeze and kill still serve)."""
+    v2 = frozenset(v2_controllers(v2_root)) if v2_writable(v2_root) else None
+    if choice in ("auto", "v1") and cgroups_available():
+        return CgroupBackend(kind="v1", v2_root=v2_root)
+    if choice in ("auto", "v2") and v2 is not None:
+        return CgroupBackend(kind="v2", v2_root=v2_root, controllers=v2)
+    return CgroupBackend(kind=None, v2_root=v2_root)

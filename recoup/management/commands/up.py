@@ -12,9 +12,10 @@ import time
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from recoup.accounts.services import account_get_or_create, api_key_issue, organization_join
+from sandboxes_app.checks import sandbox_provider_problem
 
 
 class Command(BaseCommand):
@@ -29,6 +30,9 @@ class Command(BaseCommand):
     def handle(
         self, *args: object, host: str, port: int, email: str, org: str, **options: object
     ) -> None:
+        problem = sandbox_provider_problem()
+        if problem is not None:
+            raise CommandError(f"recoup cannot run sandboxes here: {problem}")
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
         account = account_get_or_create(email=email)
