@@ -44,6 +44,17 @@ class PayloadTooLarge(ApplicationError):
     default_detail = "Request body too large (see API_MAX_BODY_BYTES)"
 
 
+class TooManyRequests(ApplicationError):
+    """Over a quota; `retry_after` seconds becomes the Retry-After header."""
+
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    default_detail = "Too many requests"
+
+    def __init__(self, detail: str | None = None, *, retry_after: int) -> None:
+        super().__init__(detail)
+        self.wait = max(1, retry_after)
+
+
 class UpstreamError(ApplicationError):
     status_code = status.HTTP_502_BAD_GATEWAY
     default_detail = "The sandbox provider failed"

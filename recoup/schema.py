@@ -47,6 +47,7 @@ _DESCRIPTIONS = {
     404: "Not found.",
     409: "Conflict with the session's current lifecycle state.",
     413: "Request body larger than API_MAX_BODY_BYTES.",
+    429: "Too many requests: over a rate limit or an account quota; see Retry-After.",
     502: "Upstream error — the sandbox provider failed.",
 }
 

@@ -226,6 +226,10 @@ SANDBOX_MAX_FILE_MB = env_int("SANDBOX_MAX_FILE_MB", 1024, minimum=1)
 SANDBOX_CPU_SECONDS = env_int("SANDBOX_CPU_SECONDS", 3600, minimum=1)
 # CPUs a sandbox may use at once, all its processes together (fractions allowed).
 SANDBOX_CPUS = env_float("SANDBOX_CPUS", 1.0, minimum=0.01)
+# Per-account quotas: live (not destroyed) sandboxes and commands running at once, over all the
+# account's sessions; an organization may override both in the admin for its sessions.
+SANDBOX_MAX_PER_ACCOUNT = env_int("SANDBOX_MAX_PER_ACCOUNT", 10, minimum=1)
+SANDBOX_MAX_COMMANDS_PER_ACCOUNT = env_int("SANDBOX_MAX_COMMANDS_PER_ACCOUNT", 16, minimum=1)
 # A lifecycle run (provision, resume, hibernate) holds a lease this long; after it a crashed
 # run's lease is reclaimed by the next request or sweep.
 LIFECYCLE_LEASE_SECONDS = env_int("LIFECYCLE_LEASE_SECONDS", 900, minimum=5)

@@ -37,6 +37,7 @@ from sandboxes_app.providers.base import (
     SnapshotMissing,
     get_provider,
 )
+from sandboxes_app.quotas import command_slot, sandbox_quota_check
 from sandboxes_app.selectors import epoch_ms, lifecycle_envelope, session_has_snapshot
 from sessions_app.models import Session
 
@@ -142,20 +143,33 @@ def _touch(session_id: str) -> int:
 def _claim_and_provision(
     session: Session, *, provider: SandboxProvider, repo: RepoRef, actor: str
 ) -> Ready | None:
+    # Refused before the provider is even asked about the workspace; rechecked under the lock.
+    sandbox_quota_check(
+        account_id=session.account_id,
+        organization_id=session.organization_id,
+        session_id=session.id,
+    )
     name = session_sandbox_name(session.id)
     snapshot = session.current_snapshot if session_has_snapshot(session) else None
     on_disk = provider.status(name=name) != SandboxStatus.ABSENT
     # A workspace on disk is newer than any snapshot of it (a failed session keeps it).
     resume_from = snapshot if snapshot is not None and not on_disk else None
     run_id = new_run_id()
-    claimed = transition(
-        session_id=session.id,
-        seen=Seen.of(session),
-        to=S.RESTORING if resume_from else S.PROVISIONING,
-        reason="resume" if resume_from else "create",
-        actor=actor,
-        changes=lease_claim(run_id),
-    )
+    with transaction.atomic():
+        # The quota check locks the account; the claim in this transaction takes the slot.
+        sandbox_quota_check(
+            account_id=session.account_id,
+            organization_id=session.organization_id,
+            session_id=session.id,
+        )
+        claimed = transition(
+            session_id=session.id,
+            seen=Seen.of(session),
+            to=S.RESTORING if resume_from else S.PROVISIONING,
+            reason="resume" if resume_from else "create",
+            actor=actor,
+            changes=lease_claim(run_id),
+        )
     if claimed is None:
         return None
     crash_point("resume_claimed" if resume_from else "create_claimed")
@@ -307,13 +321,15 @@ def oneshot_sandbox_create(*, account: Account, repo: RepoRef) -> Ready:
     """The legacy path: a sandbox bound to the account only, destroyed when its timeout passes."""
     provider = get_provider()
     name = oneshot_sandbox_name()
-    sandbox = Sandbox.objects.create(
-        name=name,
-        account=account,
-        provider=provider.name,
-        repo_full_name=repo.full_name,
-        expires_at=timezone.now() + timedelta(seconds=settings.SANDBOX_TIMEOUT),
-    )
+    with transaction.atomic():
+        sandbox_quota_check(account_id=account.id, organization_id=None)
+        sandbox = Sandbox.objects.create(
+            name=name,
+            account=account,
+            provider=provider.name,
+            repo_full_name=repo.full_name,
+            expires_at=timezone.now() + timedelta(seconds=settings.SANDBOX_TIMEOUT),
+        )
     try:
         # No organization: only owners GITHUB_TOKEN_OWNERS allows get the service's token.
         token = git_token_for_clone(organization_id=None, owner=repo.owner)
@@ -376,18 +392,25 @@ def session_command_run(
     env: dict[str, str] | None,
     timeout_s: float | None,
 ) -> CommandResult:
-    """Run a command in the session's active sandbox; it counts as activity."""
-    session = session_activity_touch(session=session)
-    try:
-        result = get_provider().run(
-            name=session_sandbox_name(session.id),
-            argv=argv,
-            cwd=cwd,
-            env=env,
-            timeout_s=timeout_s,
-        )
-    except ProviderError as exc:
-        raise UpstreamError(f"The sandbox provider failed: {public_text(str(exc))}") from exc
+    """Run a command in the session's active sandbox; it counts as activity. It holds one of
+    the account's command slots while it runs (429 when none is free, before any effect)."""
+    _require_active(session)
+    with command_slot(
+        account_id=session.account_id,
+        organization_id=session.organization_id,
+        timeout_s=timeout_s,
+    ):
+        session = session_activity_touch(session=session)
+        try:
+            result = get_provider().run(
+                name=session_sandbox_name(session.id),
+                argv=argv,
+                cwd=cwd,
+                env=env,
+                timeout_s=timeout_s,
+            )
+        except ProviderError as exc:
+            raise UpstreamError(f"The sandbox provider failed: {public_text(str(exc))}") from exc
     _touch(session.id)
     return result
 

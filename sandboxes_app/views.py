@@ -48,14 +48,26 @@ class SandboxView(APIView):
             "Provisions a sandbox for the session, or resumes it from its snapshot when it was "
             "hibernated. Concurrent calls for one session all answer 200 with the same sandbox. "
             "An archived session answers 409 until it is un-archived (PATCH status running); "
-            "a session whose sandbox holds another repository answers 400."
+            "a session whose sandbox holds another repository answers 400. 429 with "
+            "Retry-After when the account already holds its quota of live sandboxes "
+            "(SANDBOX_MAX_PER_ACCOUNT or its organization's override); a session that holds "
+            "its sandbox already is never refused."
         ),
         request=CreateSandboxRequestSerializer,
         responses={
             200: OpenApiResponse(
                 CreateSandboxResponseSerializer, "Sandbox provisioned and bound to the session."
             ),
-            **ERROR_RESPONSES(400, 401, 403, 404, 409, 502),
+            **ERROR_RESPONSES(
+                400,
+                401,
+                403,
+                404,
+                409,
+                429,
+                502,
+                d429="The account holds its quota of live sandboxes; see Retry-After.",
+            ),
         },
     )
     def post(self, request: Request) -> Response:
@@ -153,12 +165,24 @@ class SandboxCommandView(APIView):
         description=(
             "Runs `cmd` with `args` (no shell unless you run `sh -c`) inside /workspace. Counts "
             "as activity; a running command keeps the sandbox from idle hibernation. "
-            "409 when the session has no active sandbox."
+            "409 when the session has no active sandbox. 429 with Retry-After when the "
+            "account already runs its quota of commands at once "
+            "(SANDBOX_MAX_COMMANDS_PER_ACCOUNT or its organization's override)."
         ),
         request=CommandRequestSerializer,
         responses={
             200: CommandResponseSerializer,
-            **ERROR_RESPONSES(400, 401, 403, 404, 409, 413, 502),
+            **ERROR_RESPONSES(
+                400,
+                401,
+                403,
+                404,
+                409,
+                413,
+                429,
+                502,
+                d429="The account runs its quota of commands at once; see Retry-After.",
+            ),
         },
     )
     def post(self, request: Request) -> Response:

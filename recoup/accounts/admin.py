@@ -39,7 +39,13 @@ class OrganizationForm(forms.ModelForm):
 
     class Meta:
         model = Organization
-        fields = ["slug", "name", "git_token_owners"]
+        fields = [
+            "slug",
+            "name",
+            "git_token_owners",
+            "max_sandboxes_per_account",
+            "max_commands_per_account",
+        ]
 
     def clean_git_token(self) -> str:
         token = self.cleaned_data["git_token"]
@@ -60,6 +66,8 @@ class OrganizationAdmin(admin.ModelAdmin):
         "has_git_token",
         "git_token",
         "remove_git_token",
+        "max_sandboxes_per_account",
+        "max_commands_per_account",
         "id",
         "created_at",
     ]

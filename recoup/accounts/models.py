@@ -59,6 +59,19 @@ class Organization(models.Model):
     # The organization's own GitHub token, Fernet-encrypted (recoup.accounts.git_tokens);
     # written through the admin's password field, never read back out.
     git_token_encrypted = models.TextField(blank=True, default="", editable=False)
+    # Quota overrides for sessions of this organization; empty means the service's setting.
+    max_sandboxes_per_account = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Live sandboxes one account may hold through this organization's sessions "
+        "(its other sandboxes count too). Empty: SANDBOX_MAX_PER_ACCOUNT.",
+    )
+    max_commands_per_account = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Commands one account may run at once in this organization's sessions "
+        "(its other commands count too). Empty: SANDBOX_MAX_COMMANDS_PER_ACCOUNT.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
