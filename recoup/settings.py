@@ -253,7 +253,12 @@ STORAGES = {
         if SNAPSHOT_STORAGE_BACKEND
         else {
             "BACKEND": "django.core.files.storage.FileSystemStorage",
-            "OPTIONS": {"location": str(SNAPSHOT_STORAGE_ROOT)},
+            # Every tenant's workspace is in there: root's alone.
+            "OPTIONS": {
+                "location": str(SNAPSHOT_STORAGE_ROOT),
+                "file_permissions_mode": 0o600,
+                "directory_permissions_mode": 0o700,
+            },
         }
     ),
 }

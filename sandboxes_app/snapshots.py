@@ -82,10 +82,11 @@ def snapshot_write(*, source: Path, storage_key: str) -> tuple[str, int]:
 
 
 def _write_local(path: Path, chunks: Iterator[bytes]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    # Workspaces of every tenant: readable by root alone, like SANDBOX_ROOT.
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
     try:
-        with open(tmp, "wb") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
             for chunk in chunks:
                 f.write(chunk)
             f.flush()

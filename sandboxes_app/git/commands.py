@@ -188,6 +188,8 @@ def fast_forward_argvs(*, repo: Path, url: str, branch: str) -> list[list[str]]:
             "fetch",
             "--quiet",
             "--no-tags",
+            # FETCH_HEAD would record the mirror's address (a host path) in the workspace.
+            "--no-write-fetch-head",
             "--",
             url,
             f"+refs/heads/{branch}:{tracking}",

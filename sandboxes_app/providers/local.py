@@ -135,6 +135,7 @@ class LocalProvider(SandboxProvider):
         self.cgroup_backend: CgroupBackend = detect_backend(
             choice=settings.SANDBOX_CGROUP, v2_root=settings.SANDBOX_CGROUP2_ROOT
         )
+        self._own_root()  # before anything (a lock, a resume's extraction) creates it 0755
         # Different SANDBOX_ROOTs on one host (parallel test runs) must not share cgroups.
         self._cgroup_prefix = hashlib.sha256(str(self.root).encode()).hexdigest()[:8]
 
@@ -483,7 +484,7 @@ class LocalProvider(SandboxProvider):
         if base is not None:
             with base_lock(root=self.root, sha256=base.sha256, shared=True):
                 cache = ensure_base_cache(root=self.root, base=base)
-                base_fd = keep(idmapped_tree(cache, userns_fd=idmap_fd))
+                base_fd = keep(idmapped_tree(cache, userns_fd=idmap_fd, read_only=True))
         mounts = InitMounts(
             userns_fd=userns_fd,
             dir_fd=keep(idmapped_tree(paths.dir, userns_fd=idmap_fd)),

@@ -36,6 +36,7 @@ _SYS_MOUNT_SETATTR = 442
 _OPEN_TREE_CLONE = 1
 _OPEN_TREE_CLOEXEC = os.O_CLOEXEC
 _AT_EMPTY_PATH = 0x1000
+_MOUNT_ATTR_RDONLY = 0x1
 _MOUNT_ATTR_NOSUID = 0x2
 _MOUNT_ATTR_NODEV = 0x4
 _MOUNT_ATTR_IDMAP = 0x100000
@@ -192,14 +193,16 @@ def user_namespaces(*, id_maps: list[str], unshare: str, sleep: str, env: dict) 
             holder.wait()
 
 
-def idmapped_tree(path: Path, *, userns_fd: int) -> int:
+def idmapped_tree(path: Path, *, userns_fd: int, read_only: bool = False) -> int:
     """A detached mount of `path` whose inside ids appear as the namespace's host ids; also
-    nosuid and nodev. The fd is the only handle on it: closed, the mount is gone."""
+    nosuid and nodev, and read-only when asked (a base cache other sandboxes share). The fd
+    is the only handle on it: closed, the mount is gone."""
     flags = _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC
     fd = _libc.syscall(_SYS_OPEN_TREE, -100, os.fsencode(path), flags)
     if fd < 0:
         raise _mount_error("open_tree", path)
-    attr = _MountAttr(_MOUNT_ATTR_IDMAP | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, 0, 0, userns_fd)
+    flags = _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
+    attr = _MountAttr(flags | (_MOUNT_ATTR_RDONLY if read_only else 0), 0, 0, userns_fd)
     if _libc.syscall(_SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr), 32) < 0:
         error = _mount_error("mount_setattr", path)
         os.close(fd)

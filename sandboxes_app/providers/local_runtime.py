@@ -152,11 +152,16 @@ _INIT_SCRIPT = "echo ready; exec sleep infinity </dev/null >/dev/null 2>&1"
 STAGE = "/mnt"
 
 # As host root, in the init's new mount namespace: from inside the sandbox dir's idmapped
-# view ($1), mount the overlay ($3: options with relative layer names) on $2, then exec the
-# rest (which enters the sandbox's user namespace and starts bwrap).
+# view ($1), mount the overlay ($3: options with relative layer names) on $2, close the layer
+# fds ($4: the overlay holds its own references; left open, the sandbox's root would hold a
+# writable handle on its storage), then exec the rest, which enters the sandbox's user
+# namespace. bash, because dash cannot name fds past 9.
 _STAGE_WORKSPACE = (
-    'cd "$1" && mount -t overlay overlay -o "$3" "$2" || exit 125; shift 3; cd / && exec "$@"'
+    'cd "$1" && mount -t overlay overlay -o "$3" "$2" || exit 125; cd / || exit 125; '
+    'for fd in $4; do eval "exec $fd<&-"; done; shift 4; exec "$@"'
 )
+# Right after nsenter entered the user namespace: close its fd ($1), then exec bwrap.
+_CLOSE_AND_EXEC = 'eval "exec $1<&-"; shift; exec "$@"'
 _OVERLAY_FLAGS = (
     # metacopy would leave data in the lower layer, making the upper layer alone (what a
     # snapshot stores) incomplete; redirect_dir and index would tie it to this host's inodes.
@@ -259,9 +264,11 @@ def start_init(
         procs = cgroups.init_procs_files() if cgroups else []
         argv = [SH, "-c", _JOIN_AND_DETACH, "sh", *map(str, procs), "--"]
         argv += [host_tool("unshare"), "--mount", "--propagation", "private", "--"]
-        argv += [SH, "-c", _STAGE_WORKSPACE, "sh", f"/proc/self/fd/{mounts.dir_fd}", STAGE]
-        argv += [mounts.overlay_options()]
+        layer_fds = " ".join(str(fd) for fd in mounts.fds if fd != mounts.userns_fd)
+        argv += [host_tool("bash"), "-c", _STAGE_WORKSPACE, "bash"]
+        argv += [f"/proc/self/fd/{mounts.dir_fd}", STAGE, mounts.overlay_options(), layer_fds]
         argv += [host_tool("nsenter"), f"--user=/proc/self/fd/{mounts.userns_fd}", "--"]
+        argv += [host_tool("bash"), "-c", _CLOSE_AND_EXEC, "bash", str(mounts.userns_fd)]
         argv += [host_tool("bwrap"), "--args", str(args_fd), "--", SH, "-c", _INIT_SCRIPT]
         launcher = subprocess.Popen(
             argv,

@@ -7,10 +7,15 @@ gave full capabilities, a workspace setuid file ran with the sandbox's uid for a
 and /proc/1/cmdline and mountinfo named SANDBOX_ROOT and the base's hash.
 """
 
+import json
+import os
 import subprocess
+from pathlib import Path
 
 import pytest
+from django.core.files.storage import storages
 
+from sandboxes_app.providers.base import GitSource
 from tests.sandboxes_app.conftest import upper_dir
 
 
@@ -164,3 +169,57 @@ def test_no_host_path_or_base_hash_is_visible_inside(provider, source, new_name,
     assert str(sandbox_root) not in seen
     assert base.sha256 not in seen and base.sha256[:12] not in seen
     assert " overlay " in seen  # the workspace is there, under relative layer names
+
+
+def _init_tree(pid: int) -> list[int]:
+    """The init's host pid and every descendant's."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").iterdir():
+            todo += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def test_the_init_holds_no_handle_on_host_storage_or_namespaces(
+    provider, source, new_name, sandbox_root
+):
+    base = provider.build_base(source=source, storage_key="bases/acme-app.tar.zst")
+    name = new_name()
+    provider.create(name=name, source=source, base=base)
+    record = json.loads((sandbox_root / name / "init.json").read_text())
+
+    held = {}
+    for pid in _init_tree(record["pid"]):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            target = os.readlink(fd)
+            if target.startswith(("/", "user:", "mnt:")) and target not in ("/dev/null",):
+                held[f"{pid}/{fd.name}"] = target
+
+    assert held == {}
+
+
+def test_no_mirror_address_is_left_in_a_fast_forwarded_workspace(
+    provider, source, origins, new_name
+):
+    # As the service names it: the public URL, which host-side git maps to the mirror.
+    source = GitSource(clone_url="https://github.com/acme/app.git")
+    base = provider.build_base(source=source, storage_key="bases/acme-app.tar.zst")
+    origins.commit("acme", "app", {"NEW.md": "after the base\n"})
+    name = new_name()
+    provider.create(name=name, source=source, base=base)
+
+    mirror = origins.base_url.removeprefix("file://")
+    found = sh(provider, name, f"cat NEW.md; grep -rl '{mirror}' .git || echo clean")
+
+    assert found.stdout == "after the base\nclean\n", found.stderr
+
+
+def test_snapshot_objects_and_the_sandbox_root_are_root_only(provider, sandbox, sandbox_root):
+    snap = provider.snapshot(name=sandbox, storage_key=f"sessions/{sandbox}.tar.zst")
+    stored = Path(storages["snapshots"].path(snap.storage_key))
+
+    assert stored.stat().st_mode & 0o777 == 0o600
+    assert stored.parent.stat().st_mode & 0o777 == 0o700
+    assert sandbox_root.stat().st_mode & 0o777 == 0o700
