@@ -138,6 +138,9 @@ OIDC_AUDIENCE = env_str("OIDC_AUDIENCE", "")
 
 # --- API ----------------------------------------------------------------------------------
 API_RATE_LIMIT = env_str("API_RATE_LIMIT", "1200/min")
+# How long a process trusts a verified API key or OIDC subject; a revoked key stops working
+# within this many seconds (at once in the process that revoked it).
+AUTH_CACHE_SECONDS = env_int("AUTH_CACHE_SECONDS", 5, minimum=0)
 # Largest request body; a command's arguments are the only big thing a client sends.
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 8 * 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES

@@ -416,15 +416,16 @@ def session_command_run(
 
 
 def session_reconnect(*, session: Session, actor: str) -> dict:
-    """GET /api/sandbox/reconnect: probe the runtime without waking or touching it.
+    """GET /api/sandbox/reconnect: probe the runtime without waking or touching it. `session`
+    comes from `selectors.session_get_polled(sandboxes=True)`.
 
     An active session whose runtime is dead is recorded as failed with its workspace kept (the
     lifecycle hibernates it from disk); a failed session whose runtime answers heals to active.
     """
     provider = get_provider()
     name = session_sandbox_name(session.id)
-    live = Sandbox.objects.filter(session=session, destroyed_at__isnull=True).exists()
-    if not live and session.current_snapshot_id is None and not session.sandboxes.exists():
+    live = session.has_live_sandbox
+    if not live and session.current_snapshot_id is None and not session.has_any_sandbox:
         outcome = {"status": "no_sandbox"}
     elif live and session.lifecycle_state in (S.ACTIVE, S.FAILED) and provider.probe(name=name):
         if session.lifecycle_state == S.FAILED:

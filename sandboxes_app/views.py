@@ -36,6 +36,15 @@ def owned_session(request: Request, data: dict) -> Session:
     return session
 
 
+def polled_session(request: Request, *, sandboxes: bool = False) -> Session:
+    data = validated(SessionIdQuerySerializer, request.query_params.dict())
+    session = selectors.session_get_polled(
+        session_id=data["sessionId"], account=request.user, sandboxes=sandboxes
+    )
+    request._request.log_session_id = session.id
+    return session
+
+
 def actor_of(request: Request) -> str:
     return f"api:{request.user.pk}"
 
@@ -127,9 +136,7 @@ class SandboxStatusView(APIView):
         },
     )
     def get(self, request: Request) -> Response:
-        session = owned_session(
-            request, validated(SessionIdQuerySerializer, request.query_params.dict())
-        )
+        session = polled_session(request)
         kick_if_overdue(session)
         return Response(selectors.session_sandbox_status(session))
 
@@ -152,9 +159,7 @@ class SandboxReconnectView(APIView):
         },
     )
     def get(self, request: Request) -> Response:
-        session = owned_session(
-            request, validated(SessionIdQuerySerializer, request.query_params.dict())
-        )
+        session = polled_session(request, sandboxes=True)
         return Response(services.session_reconnect(session=session, actor=actor_of(request)))
 
 

@@ -1,17 +1,19 @@
 """The two DRF authentication classes: `x-api-key` and `Authorization: Bearer`.
 
 Every failure answers the same generic message so that a caller cannot tell an unknown key
-from a revoked or expired one.
+from a revoked or expired one. A verified API key is remembered for AUTH_CACHE_SECONDS
+(`keys.CredentialCache`), so a revoked or expired key may still pass for that long.
 """
 
 import logging
 
 import jwt
 from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from recoup.accounts.keys import KEY_PREFIX
+from recoup.accounts.keys import KEY_PREFIX, credential_cache, key_digest, looks_like_key
 from recoup.accounts.models import Account
 from recoup.accounts.services import account_from_oidc, api_key_authenticate
 
@@ -19,10 +21,27 @@ logger = logging.getLogger(__name__)
 
 INVALID_CREDENTIALS = "Invalid or missing API key / Bearer token"
 _jwks_clients: dict[str, jwt.PyJWKClient] = {}
+_ACCOUNT_FIELDS = [field.attname for field in Account._meta.concrete_fields]
 
 
 def _fail() -> exceptions.AuthenticationFailed:
     return exceptions.AuthenticationFailed(INVALID_CREDENTIALS)
+
+
+def api_key_account(raw_key: str) -> Account | None:
+    """The key's account, from the credential cache or `api_key_authenticate` (which also
+    writes `last_used_at`, at most once a minute)."""
+    if not looks_like_key(raw_key):
+        return None
+    digest = key_digest(raw_key)
+    values = credential_cache.get(digest)
+    if values is not None:
+        # A fresh instance per request: a shared one could be changed by a concurrent request.
+        return Account.from_db(DEFAULT_DB_ALIAS, _ACCOUNT_FIELDS, values)
+    account = api_key_authenticate(raw_key=raw_key)
+    if account is not None:
+        credential_cache.put(digest, tuple(getattr(account, f) for f in _ACCOUNT_FIELDS))
+    return account
 
 
 class ApiKeyHeaderAuthentication(authentication.BaseAuthentication):
@@ -36,7 +55,7 @@ class ApiKeyHeaderAuthentication(authentication.BaseAuthentication):
         raw = request.META.get("HTTP_X_API_KEY")
         if raw is None:
             return None
-        account = api_key_authenticate(raw_key=raw.strip())
+        account = api_key_account(raw.strip())
         if account is None:
             raise _fail()
         return account, "api_key"
@@ -67,7 +86,7 @@ class BearerAuthentication(authentication.BaseAuthentication):
         except UnicodeDecodeError:
             raise _fail() from None
         if token.startswith(KEY_PREFIX):
-            account = api_key_authenticate(raw_key=token)
+            account = api_key_account(token)
             if account is None:
                 raise _fail()
             return account, "api_key"

@@ -1,4 +1,4 @@
-"""API key format and hashing.
+"""API key format and hashing, and the per-process cache of verified credentials.
 
 A key reads `recoup_sk_<32 letters and digits>` (about 190 bits). The recognisable prefix lets
 the Bearer class tell an API key from a JWT, and lets secret scanners find leaked keys. The
@@ -10,6 +10,8 @@ import hashlib
 import hmac
 import secrets
 import string
+import threading
+import time
 
 from django.conf import settings
 
@@ -33,3 +35,43 @@ def key_digest(raw: str) -> str:
 
 def display_prefix(raw: str) -> str:
     return raw[len(KEY_PREFIX) : len(KEY_PREFIX) + DISPLAY_PREFIX_CHARS]
+
+
+class CredentialCache:
+    """Recently verified API keys and their account's column values, in this process.
+
+    Hits spare the request its lookup query for AUTH_CACHE_SECONDS (read per call; 0 turns the
+    cache off). Only successful lookups are kept, under the key's HMAC digest, never the raw
+    key: a failed or forged key adds no entry, and an entry is reachable only by the key whose
+    digest it is. A revocation reaches the process that revokes at once (`forget`) and every
+    other process once the entry ages out.
+    """
+
+    _MAX_ENTRIES = 10_000
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[float, tuple]] = {}
+
+    def get(self, digest: str) -> tuple | None:
+        entry = self._entries.get(digest)
+        if entry is None or entry[0] <= time.monotonic():
+            return None
+        return entry[1]
+
+    def put(self, digest: str, values: tuple) -> None:
+        ttl = settings.AUTH_CACHE_SECONDS
+        if ttl <= 0:
+            return
+        with self._lock:
+            if len(self._entries) >= self._MAX_ENTRIES:
+                self._entries.clear()
+            self._entries[digest] = (time.monotonic() + ttl, values)
+
+    def forget(self, digests: list[str]) -> None:
+        with self._lock:
+            for digest in digests:
+                self._entries.pop(digest, None)
+
+
+credential_cache = CredentialCache()

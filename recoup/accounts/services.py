@@ -14,6 +14,7 @@ from recoup.accounts.git_tokens import git_token_encrypt
 from recoup.accounts.keys import (
     DISPLAY_PREFIX_CHARS,
     KEY_PREFIX,
+    credential_cache,
     display_prefix,
     generate_raw_key,
     key_digest,
@@ -92,7 +93,12 @@ def api_key_revoke(*, prefix_or_id: str) -> int:
     # Display prefixes are always 8 characters; a shorter number can only be an id.
     if prefix_or_id.isdigit() and len(prefix_or_id) != DISPLAY_PREFIX_CHARS:
         query = Q(id=int(prefix_or_id))
-    return ApiKey.objects.filter(query, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    live = ApiKey.objects.filter(query, revoked_at__isnull=True)
+    digests = list(live.values_list("digest", flat=True))
+    revoked = live.update(revoked_at=timezone.now())
+    # Other processes drop theirs within AUTH_CACHE_SECONDS.
+    credential_cache.forget(digests)
+    return revoked
 
 
 def account_from_oidc(*, subject: str, email: object, email_verified: bool) -> Account | None:
