@@ -53,6 +53,7 @@ from sandboxes_app.providers.local_commands import (
     command_argv,
     command_script,
     execute,
+    init_handles,
     kill_tree,
     resolve_cwd,
     run_marker,
@@ -547,18 +548,21 @@ class LocalProvider(SandboxProvider):
             seccomp_fd = open_seccomp_bpf(root=self.root) if isolated else None
             if seccomp_fd is not None:
                 stack.callback(os.close, seccomp_fd)
+            handles = stack.enter_context(init_handles(record)) if isolated else None
+            pass_fds = [*(handles or {}).values(), *([seccomp_fd] if isolated else [])]
             procs = cgroups.create_run(run_id) if cgroups else []
             if cgroups is not None:
                 stack.callback(cgroups.release_run, run_id)
             return execute(
                 argv=command_argv(
                     record=record if isolated else None,
+                    handles=handles,
                     limits=self.limits,
                     procs=procs,
                     seccomp_fd=seccomp_fd,
                 ),
                 script_fd=script_fd,
-                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+                pass_fds=tuple(pass_fds),
                 command=command,
                 kill_tree=functools.partial(kill_tree, cgroups=cgroups, run_id=run_id),
             )

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandboxes_app.providers.base import CommandResult, ProviderError
+from sandboxes_app.providers.base import CommandResult, ProviderError, SandboxNotRunning
 from sandboxes_app.providers.local_cgroups import SandboxCgroups
-from sandboxes_app.providers.local_layout import SandboxPaths
+from sandboxes_app.providers.local_layout import SandboxPaths, process_start_time
 from sandboxes_app.providers.local_runtime import (
     HOST_ENV,
     JOIN_AND_EXEC,
@@ -35,6 +35,19 @@ WORKSPACE = "/workspace"
 # client's cwd, env and argv reach no process before this one, which runs after privileges
 # are dropped. The script gives the command /dev/null as stdin, as before.
 LAUNCH = ". /proc/self/fd/0"
+# The same, first closing the fds of the sandbox's namespaces that nsenter was handed ("$@"):
+# bash, because dash cannot name fds past 9.
+CLOSE_AND_LAUNCH = 'for fd in "$@"; do eval "exec $fd<&-"; done; set --; . /proc/self/fd/0'
+# What nsenter enters (its option, the init's /proc/<pid>/ns file), each by an fd.
+_NAMESPACES = (
+    ("user", "user"),
+    ("mount", "mnt"),
+    ("pid", "pid"),
+    ("net", "net"),
+    ("ipc", "ipc"),
+    ("uts", "uts"),
+    ("cgroup", "cgroup"),
+)
 
 
 @dataclass(frozen=True)
@@ -64,11 +77,45 @@ def _quote(value: str) -> str:
     return "'" + value.replace("'", "'\\''") + "'"
 
 
+@contextlib.contextmanager
+def init_handles(record: dict) -> Iterator[dict[str, int]]:
+    """fds of the init's namespaces, root and working directory, opened from its pid and then
+    checked to still belong to that init (same start time, so the pid was not reused in
+    between): a command can never be sent into another process's namespaces or root."""
+    pid = record["pid"]
+    fds: dict[str, int] = {}
+    try:
+        try:
+            ours = os.readlink("/proc/self/ns/user")
+            for option, ns in _NAMESPACES:
+                # setns into one's own user namespace fails; an init started before user
+                # namespaces (kept running across an upgrade) shares ours.
+                if ns != "user" or os.readlink(f"/proc/{pid}/ns/user") != ours:
+                    fds[option] = os.open(f"/proc/{pid}/ns/{ns}", os.O_RDONLY | os.O_CLOEXEC)
+            for name, entry in (("root", "root"), ("wd", "cwd")):
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+                fds[name] = os.open(f"/proc/{pid}/{entry}", flags)
+        except OSError as exc:
+            raise SandboxNotRunning("The sandbox stopped") from exc
+        if process_start_time(pid) != record["start_time"]:
+            raise SandboxNotRunning("The sandbox stopped")
+        yield fds
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
 def command_argv(
-    *, record: dict | None, limits: Limits, procs: list[Path], seccomp_fd: int | None
+    *,
+    record: dict | None,
+    handles: dict[str, int] | None,
+    limits: Limits,
+    procs: list[Path],
+    seccomp_fd: int | None,
 ) -> list[str]:
     """The host-side argv: join cgroups, set rlimits, enter the sandbox, load the syscall
-    filter, drop to the sandbox user, then source the command's script from stdin.
+    filter, drop to the sandbox user, then source the command's script from stdin. `handles`
+    (init_handles) name the sandbox's namespaces, root and cwd by fd, never by pid.
 
     Never allow: a client string in this argv, a relative program name, or an environment
     other than HOST_ENV before setpriv. Each program is an absolute path resolved in a PATH we
@@ -81,10 +128,12 @@ def command_argv(
         rlimits.append(f"--nproc={limits.max_processes}")
     argv = [SH, "-c", JOIN_AND_EXEC, "sh", *map(str, procs), "--"]
     argv += [host_tool("prlimit"), *rlimits, "--"]
-    launch = [SH, "-c", LAUNCH]
-    if record is None:
-        return argv + launch
-    argv += [host_tool("nsenter"), "--target", str(record["pid"]), "--all", "--root", "--wd"]
+    if record is None or handles is None:
+        return argv + [SH, "-c", LAUNCH]
+    argv.append(host_tool("nsenter"))
+    argv += [f"--{name}=/proc/self/fd/{fd}" for name, fd in handles.items() if name != "wd"]
+    argv.append(f"--wd=/proc/self/fd/{handles['wd']}")
+    launch = [host_tool("bash"), "-c", CLOSE_AND_LAUNCH, "bash", *map(str, handles.values())]
     # bwrap is only the filter's loader here (the sandbox's /usr is the host's, so the same
     # path names the same binary): one private bind of the sandbox's own root, then the
     # filter, then setpriv. The filter allows setpriv's calls; nothing after it can undo it.

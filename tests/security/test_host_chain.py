@@ -5,6 +5,7 @@ On the code before issue 8, the client's PATH chose the host's `sh` and `LD_PREL
 workspace library into root processes: each test here created its marker then.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from sandboxes_app.providers.base import SandboxNotRunning
+from sandboxes_app.providers.local_commands import init_handles
 from tests.sandboxes_app.conftest import upper_dir
 
 # The programs of the chain, past and present; a fake of each one waits in the workspace.
@@ -184,3 +187,23 @@ def test_the_client_env_reaches_the_command_unchanged(provider, sandbox):
     )
 
     assert result.stdout == f"{value}\n/home/sandbox\n/tmp\n", result.stderr
+
+
+def test_a_reused_init_pid_never_takes_a_command_elsewhere(provider, sandbox, sandbox_root):
+    """The command enters the init by fds of its namespaces, checked to be the init's after
+    they were opened: a host process that got the init's pid number is refused."""
+    record = json.loads((sandbox_root / sandbox / "init.json").read_text())
+    stranger = subprocess.Popen(["sleep", "30"])
+    try:
+        reused = {**record, "pid": stranger.pid}  # its number, the init's start time
+
+        with pytest.raises(SandboxNotRunning):
+            with init_handles(reused):
+                pass
+        with init_handles(record) as handles:
+            assert os.readlink(f"/proc/self/fd/{handles['mount']}") == os.readlink(
+                f"/proc/{record['pid']}/ns/mnt"
+            )
+    finally:
+        stranger.kill()
+        stranger.wait()
