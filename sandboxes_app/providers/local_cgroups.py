@@ -84,7 +84,7 @@ class SandboxCgroups:
         """Kill every process of the run but `spare`, the host-side nsenter: it reaps its child
         and exits by itself. Killed, its sandboxed child would be left for the host's init to
         reap, and the sandbox's PID namespace could not end until that happens."""
-        _kill_tree(freezer=self.dir("freezer", run_id), spare=spare)
+        _kill_tree(group=self.dir("freezer", run_id), freeze=_V1_FREEZE, spare=spare)
 
     def freeze(self, *, timeout_s: float = 10.0) -> None:
         state = self.dir("freezer") / "freezer.state"
@@ -104,7 +104,7 @@ class SandboxCgroups:
         """Kill every process of the sandbox and delete its groups. Idempotent."""
         freezer = self.dir("freezer")
         if freezer.exists():
-            _kill_tree(freezer=freezer)
+            _kill_tree(group=freezer, freeze=_V1_FREEZE)
         for controller in CONTROLLERS:
             top = self.dir(controller)
             if not top.exists():
@@ -127,23 +127,33 @@ def _pids_under(group: Path) -> list[int]:
     return pids
 
 
-def _kill_tree(*, freezer: Path, spare: int | None = None, timeout_s: float = 5.0) -> None:
-    """Freeze so nothing can fork while we kill, SIGKILL everything, thaw so the kills land."""
-    state = freezer / "freezer.state"
-    _write(state, "FROZEN")
-    for pid in _pids_under(freezer):
+def _kill_tree(
+    *, group: Path, freeze: tuple[str, str, str], spare: int | None = None, timeout_s: float = 5.0
+) -> None:
+    """Freeze so nothing can fork while we kill, SIGKILL everything, thaw so the kills land.
+
+    `freeze` is the group's freeze file and its frozen and thawed values: v1's freezer.state
+    (FROZEN/THAWED) or v2's cgroup.freeze (1/0).
+    """
+    state, frozen, thawed = group / freeze[0], freeze[1], freeze[2]
+    _write(state, frozen)
+    for pid in _pids_under(group):
         if pid != spare:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    _write(state, "THAWED")
+    _write(state, thawed)
     deadline = time.monotonic() + timeout_s
-    while pids := [p for p in _pids_under(freezer) if p != spare]:
+    while pids := [p for p in _pids_under(group) if p != spare]:
         if time.monotonic() > deadline:
             raise ProviderError(f"Processes {pids} of the sandbox would not die")
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.005)
+
+
+_V1_FREEZE = ("freezer.state", "FROZEN", "THAWED")
+_V2_FREEZE = ("cgroup.freeze", "1", "0")
 
 
 def _rmdir_when_empty(path: Path, *, timeout_s: float = 2.0) -> None:
@@ -233,7 +243,7 @@ class SandboxCgroups2:
 
     def kill_run(self, run_id: str, *, spare: int) -> None:
         """Kill every process of the run but `spare` (see SandboxCgroups.kill_run)."""
-        _kill_tree_v2(group=self.dir(run_id), spare=spare)
+        _kill_tree(group=self.dir(run_id), freeze=_V2_FREEZE, spare=spare)
 
     def freeze(self, *, timeout_s: float = 10.0) -> None:
         top = self.dir()
@@ -256,7 +266,7 @@ class SandboxCgroups2:
             return
         if (top / "cgroup.kill").exists():
             _write(top / "cgroup.kill", "1")
-        _kill_tree_v2(group=top)
+        _kill_tree(group=top, freeze=_V2_FREEZE)
         for child in sorted(top.iterdir()):
             if child.is_dir():
                 _rmdir_when_empty(child)
@@ -267,26 +277,6 @@ class SandboxCgroups2:
             if line.startswith("usage_usec "):
                 return int(line.split()[1]) * 1000
         raise ProviderError("cpu.stat has no usage_usec")
-
-
-def _kill_tree_v2(*, group: Path, spare: int | None = None, timeout_s: float = 5.0) -> None:
-    """Freeze so nothing can fork while we kill, SIGKILL everything, thaw so the kills land."""
-    if not group.exists():
-        return
-    _write(group / "cgroup.freeze", "1")
-    for pid in _pids_under(group):
-        if pid != spare:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    _write(group / "cgroup.freeze", "0")
-    deadline = time.monotonic() + timeout_s
-    while pids := [p for p in _pids_under(group) if p != spare]:
-        if time.monotonic() > deadline:
-            raise ProviderError(f"Processes {pids} of the sandbox would not die")
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.005)
 
 
 # --- which one ----------------------------------------------------------------------------
