@@ -1,5 +1,5 @@
 FROM python:3.11-slim-bookworm
-RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap git zstd util-linux slirp4netns libseccomp2 \
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap git zstd util-linux e2fsprogs slirp4netns libseccomp2 \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml ./
@@ -12,3 +12,4 @@ COPY manage.py ./
 RUN pip install --no-cache-dir .
 ENV PYTHONUNBUFFERED=1
 EXPOSE 8000
+CMD ["python", "manage.py", "web", "--bind", "0.0.0.0:8000"]

@@ -1,7 +1,5 @@
 """Archiving a session hibernates its sandbox; un-archiving lets POST /api/sandbox resume it."""
 
-from django.db import transaction
-
 from lifecycle.states import LifecycleState as S
 from lifecycle.transitions import Seen, transition
 from recoup.errors import Conflict
@@ -10,11 +8,12 @@ from sessions_app.models import Session
 
 def session_archive_lifecycle(*, session: Session, actor: str) -> None:
     """Called after the session's status became archived."""
-    if session.lifecycle_state in (S.ACTIVE, S.FAILED, S.HIBERNATING):
-        # Hibernation ends in `archived` because the session's status says so.
-        from lifecycle.tasks import hibernate_session
+    if session.lifecycle_state in (S.ACTIVE, S.FAILED, S.HIBERNATING, S.PROVISIONING, S.RESTORING):
+        # Hibernation ends in `archived` because the session's status says so; one asked for
+        # during provisioning or a resume waits for it (recorded, not dropped).
+        from lifecycle.hibernation import session_hibernate_request
 
-        transaction.on_commit(lambda: hibernate_session.delay(session.id, None, "archive"))
+        session_hibernate_request(session_id=session.id, reason="archive")
     elif session.lifecycle_state == S.HIBERNATED:
         transition(
             session_id=session.id,

@@ -7,12 +7,13 @@ the base and fast-forward. A failed or missing base only means a plain clone.
 
 import logging
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from lifecycle.leases import heartbeat, lease_expiry
 from lifecycle.models import BaseSnapshotBuild
 from recoup.accounts.git_tokens import git_token_for_clone
 from sandboxes_app.git.urls import RepoRef
@@ -75,35 +76,23 @@ def base_build_run(*, build_id: int) -> BaseSnapshotBuild | None:
     started = timezone.now()
     claimed = BaseSnapshotBuild.objects.filter(
         id=build_id, status=BaseSnapshotBuild.Status.QUEUED
-    ).update(status=BaseSnapshotBuild.Status.RUNNING, started_at=started)
+    ).update(
+        status=BaseSnapshotBuild.Status.RUNNING, started_at=started, lease_expires_at=lease_expiry()
+    )
     if claimed != 1:
         return None
     build = BaseSnapshotBuild.objects.get(id=build_id)
     clock = time.monotonic()
+
+    def renew() -> bool:
+        running = BaseSnapshotBuild.objects.filter(
+            id=build_id, status=BaseSnapshotBuild.Status.RUNNING
+        )
+        return running.update(lease_expires_at=lease_expiry()) == 1
+
     try:
-        # From the name, not the stored clone_url: the base's origin is the public URL whatever
-        # the row recorded, and the token is chosen now, for the organization as it is now.
-        owner, name = build.repo_full_name.split("/")
-        repo = RepoRef(owner=owner, name=name)
-        source = GitSource(
-            clone_url=repo.clone_url,
-            token=git_token_for_clone(organization_id=build.organization_id, owner=owner),
-        )
-        info = get_provider().build_base(
-            source=source,
-            storage_key=f"bases/{build.scope.replace(':', '-')}/{build.repo_full_name}/"
-            f"{build.id}-{int(started.timestamp())}.tar.zst",
-        )
-        snapshot = Snapshot.objects.create(
-            kind=Snapshot.Kind.BASE,
-            storage_key=info.storage_key,
-            size_bytes=info.size_bytes,
-            sha256=info.sha256,
-            created_at=info.created_at,
-            account_id=build.account_id,
-            organization_id=build.organization_id,
-            repo_full_name=build.repo_full_name,
-        )
+        with heartbeat(renew, what=f"base build {build_id}"):
+            snapshot = _build(build=build, started=started)
         status, error = BaseSnapshotBuild.Status.SUCCEEDED, None
     except Exception as exc:  # noqa: BLE001 - a failed base only means plain clones
         logger.exception("base build %s failed", build_id)
@@ -113,9 +102,36 @@ def base_build_run(*, build_id: int) -> BaseSnapshotBuild | None:
         snapshot=snapshot,
         error=error,
         finished_at=timezone.now(),
+        lease_expires_at=None,
         duration_ms=int((time.monotonic() - clock) * 1000),
     )
     return BaseSnapshotBuild.objects.get(id=build_id)
+
+
+def _build(*, build: BaseSnapshotBuild, started: datetime) -> Snapshot:
+    # From the name, not the stored clone_url: the base's origin is the public URL whatever
+    # the row recorded, and the token is chosen now, for the organization as it is now.
+    owner, name = build.repo_full_name.split("/")
+    repo = RepoRef(owner=owner, name=name)
+    source = GitSource(
+        clone_url=repo.clone_url,
+        token=git_token_for_clone(organization_id=build.organization_id, owner=owner),
+    )
+    info = get_provider().build_base(
+        source=source,
+        storage_key=f"bases/{build.scope.replace(':', '-')}/{build.repo_full_name}/"
+        f"{build.id}-{int(started.timestamp())}.tar.zst",
+    )
+    return Snapshot.objects.create(
+        kind=Snapshot.Kind.BASE,
+        storage_key=info.storage_key,
+        size_bytes=info.size_bytes,
+        sha256=info.sha256,
+        created_at=info.created_at,
+        account_id=build.account_id,
+        organization_id=build.organization_id,
+        repo_full_name=build.repo_full_name,
+    )
 
 
 def base_snapshot_lookup(*, session: Session, repo: RepoRef) -> Snapshot | None:

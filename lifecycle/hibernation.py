@@ -14,9 +14,17 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from lifecycle.leases import LEASE_RELEASE, lease_claim, lease_is_live, lease_update, new_run_id
+from lifecycle.leases import (
+    LEASE_RELEASE,
+    lease_claim,
+    lease_heartbeat,
+    lease_is_live,
+    lease_update,
+    new_run_id,
+)
 from lifecycle.states import LifecycleState as S
 from lifecycle.transitions import Seen, transition
+from recoup.db import release_db_connection
 from recoup.faults import crash_point
 from sandboxes_app.models import Sandbox, Snapshot, session_sandbox_name
 from sandboxes_app.providers.base import SandboxProvider, SandboxStatus, get_provider
@@ -110,9 +118,10 @@ def session_hibernate(
     if claimed is None:
         return None
     try:
-        return _hibernate_claimed(
-            claimed, provider=provider, run_id=run_id, actor=actor, require_idle=require_idle
-        )
+        with lease_heartbeat(session_id=session_id, run_id=run_id):
+            return _hibernate_claimed(
+                claimed, provider=provider, run_id=run_id, actor=actor, require_idle=require_idle
+            )
     except Exception as exc:  # noqa: BLE001 - any failure leaves the workspace and retries
         logger.exception("hibernation failed session=%s", session_id)
         current = Session.objects.get(id=session_id)
@@ -134,6 +143,37 @@ def session_hibernate(
         )
 
 
+def sessions_hibernate_all(*, actor: str) -> int:
+    """Hibernate, now and here, every session whose sandbox is up or kept after a failure
+    (`manage.py up --hibernate-on-exit`). Returns how many were hibernated."""
+    live = Session.objects.filter(lifecycle_state__in=[S.ACTIVE, S.FAILED]).values_list(
+        "id", flat=True
+    )
+    done = 0
+    for session_id in list(live):
+        if session_hibernate(session_id=session_id, actor=actor, reason="shutdown") is not None:
+            done += 1
+    return done
+
+
+def session_hibernate_request(*, session_id: str, reason: str) -> Session:
+    """Ask for the session's hibernation. With a sandbox to hibernate the worker does it now;
+    while one is being provisioned or resumed the request is recorded on the session, and the
+    run that finishes that work hands it to the worker (see `transition`). Never dropped."""
+    # A run holds the session (alive, or dead and due for recovery, which ends it too); a new
+    # session waiting for its first POST /api/sandbox is `provisioning` with no run at all.
+    recorded = Session.objects.filter(
+        id=session_id,
+        lifecycle_state__in=[S.PROVISIONING, S.RESTORING],
+        lifecycle_run_id__isnull=False,
+    ).update(lifecycle_intent="hibernate", updated_at=timezone.now())
+    if not recorded:
+        from lifecycle.tasks import hibernate_session
+
+        transaction.on_commit(lambda: hibernate_session.delay(session_id, None, reason))
+    return Session.objects.select_related("current_snapshot").get(id=session_id)
+
+
 def _hibernate_claimed(
     session: Session, *, provider: SandboxProvider, run_id: str, actor: str, require_idle: bool
 ) -> Session | None:
@@ -153,6 +193,7 @@ def _hibernate_claimed(
     if provider.status(name=name) != SandboxStatus.ABSENT:
         live = Sandbox.objects.filter(session=session, destroyed_at__isnull=True).first()
         key = f"sessions/{session.id}/{run_id}.tar.zst"
+        release_db_connection()  # a snapshot may take minutes
         info = provider.snapshot(name=name, storage_key=key)
         crash_point("hibernate_snapshot_written")
         with transaction.atomic():
@@ -210,7 +251,7 @@ def _hibernate_claimed(
 
 def snapshots_drop_unrecorded(*, session_id: str) -> int:
     """Delete the session's stored objects that no snapshot row records: what a run killed
-    between writing its snapshot and recording it left behind.
+    while writing its snapshot, or between writing and recording it, left behind.
 
     Called only while holding the session's lease, so no live run of this session is writing
     one; a zombie run whose lease was reclaimed can never record (or act on) its object.
@@ -224,8 +265,9 @@ def snapshots_drop_unrecorded(*, session_id: str) -> int:
     recorded = set(
         Snapshot.objects.filter(session_id=session_id).values_list("storage_key", flat=True)
     )
-    orphans = [f"{prefix}/{n}" for n in names if n.endswith(".tar.zst")]
-    orphans = [key for key in orphans if key not in recorded]
+    # Also the temporary file of a write that was killed before its rename (see snapshots).
+    stored = [n for n in names if n.endswith(".tar.zst") or ".tar.zst.tmp-" in n]
+    orphans = [f"{prefix}/{n}" for n in stored if f"{prefix}/{n}" not in recorded]
     for key in orphans:
         storage.delete(key)
     return len(orphans)

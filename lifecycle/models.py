@@ -52,6 +52,9 @@ class BaseSnapshotBuild(models.Model):
     reason = models.CharField(max_length=40, default="first_use")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="a running build's heartbeat lease; past it, reaped"
+    )
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.IntegerField(null=True, blank=True)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.files.storage import storages
 from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
@@ -21,6 +22,7 @@ from lifecycle.models import BaseSnapshotBuild
 from lifecycle.states import LifecycleState as S
 from lifecycle.transitions import Seen, transition
 from sandboxes_app.models import Sandbox, Snapshot, session_sandbox_name
+from sandboxes_app.oneshots import oneshot_sandbox_destroy
 from sandboxes_app.providers.base import get_provider
 from sessions_app.models import Session
 
@@ -163,30 +165,55 @@ def session_retry_failed(*, session_id: str, version: int, actor: str) -> Sessio
 
 
 def oneshot_sandboxes_expire(*, limit: int) -> int:
-    """Destroy one-shot (legacy) sandboxes whose timeout has passed."""
+    """Destroy one-shot (legacy) sandboxes whose timeout has passed; returns how many this
+    sweep recorded (one its owner destroyed meanwhile is not counted twice)."""
     now = timezone.now()
-    provider = get_provider()
     expired = list(
         Sandbox.objects.filter(
             session__isnull=True, destroyed_at__isnull=True, expires_at__lte=now
         ).order_by("expires_at")[:limit]
     )
-    for sandbox in expired:
-        provider.destroy(name=sandbox.name)
-        Sandbox.objects.filter(id=sandbox.id).mark_destroyed()
-    return len(expired)
-
-
-def base_builds_reap(*, grace_seconds: int) -> int:
-    """Fail builds whose worker died mid-run, so a new one can be queued for the key."""
-    cutoff = timezone.now() - timedelta(seconds=grace_seconds)
-    return BaseSnapshotBuild.objects.filter(
-        status=BaseSnapshotBuild.Status.RUNNING, started_at__lt=cutoff
-    ).update(
-        status=BaseSnapshotBuild.Status.FAILED,
-        error="The build's worker stopped",
-        finished_at=timezone.now(),
+    return sum(
+        oneshot_sandbox_destroy(sandbox=sandbox, actor="sweep", reason="expired")
+        for sandbox in expired
     )
+
+
+def base_builds_reap() -> int:
+    """Fail builds whose worker died mid-run (their heartbeat lease ran out), so a new one can
+    be queued for the key, and delete what they stored but never recorded."""
+    reaped = 0
+    dead = BaseSnapshotBuild.objects.filter(
+        status=BaseSnapshotBuild.Status.RUNNING, lease_expires_at__lt=timezone.now()
+    )
+    for build in dead:
+        taken = dead.filter(id=build.id).update(
+            status=BaseSnapshotBuild.Status.FAILED,
+            error="The build's worker stopped",
+            finished_at=timezone.now(),
+            lease_expires_at=None,
+        )
+        if taken:
+            reaped += 1
+            _base_build_drop_unrecorded(build)
+    return reaped
+
+
+def _base_build_drop_unrecorded(build: BaseSnapshotBuild) -> None:
+    """A build killed after storing its object, before recording it, leaves an object nobody
+    knows: its key starts with the build's id (see base_build_run)."""
+    storage = storages["snapshots"]
+    prefix = f"bases/{build.scope.replace(':', '-')}/{build.repo_full_name}"
+    try:
+        _, names = storage.listdir(prefix)
+    except FileNotFoundError:
+        return
+    bases = Snapshot.objects.filter(kind=Snapshot.Kind.BASE, storage_key__startswith=prefix)
+    recorded = set(bases.values_list("storage_key", flat=True))
+    for name in names:
+        key = f"{prefix}/{name}"
+        if name.startswith(f"{build.id}-") and key not in recorded:
+            storage.delete(key)
 
 
 def snapshots_retention(*, limit: int) -> int:

@@ -49,7 +49,7 @@ def sweep() -> None:
     limit = settings.LIFECYCLE_SWEEP_BATCH
     dispatched = sweeps.sweep_dispatch(limit=limit, enqueue=_enqueue)
     sweeps.oneshot_sandboxes_expire(limit=limit)
-    sweeps.base_builds_reap(grace_seconds=settings.LIFECYCLE_LEASE_SECONDS)
+    sweeps.base_builds_reap()
     if dispatched >= limit:
         sweep.delay()
 

@@ -95,4 +95,21 @@ def transition(
         reason,
         actor,
     )
+    if seen.state in _BUSY and to not in _BUSY:
+        _intent_carry_out(session_id)
     return Session.objects.get(id=session_id)
+
+
+_BUSY = ("provisioning", "restoring")
+
+
+def _intent_carry_out(session_id: str) -> None:
+    """The run that ends a provisioning or resume hands a hibernation asked for meanwhile to
+    the worker. Cleared in one compare-and-set, so it is handed over exactly once."""
+    taken = Session.objects.filter(id=session_id, lifecycle_intent="hibernate").update(
+        lifecycle_intent=None
+    )
+    if taken:
+        from lifecycle.tasks import hibernate_session
+
+        transaction.on_commit(lambda: hibernate_session.delay(session_id, None, "requested"))

@@ -100,8 +100,11 @@ def database_from_url(url: str) -> dict:
             "PASSWORD": unquote(parts.password or ""),
             "HOST": parts.hostname or "",
             "PORT": str(port or ""),
-            "CONN_MAX_AGE": 60,
-            "CONN_HEALTH_CHECKS": True,
+            # A pool per process, not a connection per thread: the web entry runs many threads
+            # (most of them waiting on sandboxes, holding no connection), and PostgreSQL's
+            # connection limit must bound what they take together (see settings DB_POOL_SIZE).
+            "CONN_MAX_AGE": 0,
+            "OPTIONS": {"pool": {"min_size": 1, "max_size": 8, "timeout": 30}},
         }
     raise ImproperlyConfigured(
         f"DATABASE_URL scheme must be postgres:// or sqlite://, got {parts.scheme!r}"

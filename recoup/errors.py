@@ -55,6 +55,17 @@ class TooManyRequests(ApplicationError):
         self.wait = max(1, retry_after)
 
 
+class ServiceUnavailable(ApplicationError):
+    """Waited as long as we may for another run; `retry_after` becomes Retry-After."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "Busy; retry shortly"
+
+    def __init__(self, detail: str | None = None, *, retry_after: int) -> None:
+        super().__init__(detail)
+        self.wait = max(1, retry_after)
+
+
 class UpstreamError(ApplicationError):
     status_code = status.HTTP_502_BAD_GATEWAY
     default_detail = "The sandbox provider failed"

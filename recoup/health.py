@@ -5,6 +5,7 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
 from recoup.celery import app as celery_app
+from sandboxes_app.checks import sandbox_limits
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
@@ -31,21 +32,6 @@ def readyz(request: HttpRequest) -> JsonResponse:
         "status": "ok" if ready else "error",
         "checks": checks,
         "broker": settings.CELERY_BROKER_URL.split("://", 1)[0],
-        "sandboxLimits": _sandbox_limits(),
+        "sandboxLimits": sandbox_limits(),
     }
     return JsonResponse(body, status=200 if ready else 503)
-
-
-def _sandbox_limits() -> str:
-    """Whether sandboxes run with their memory, process and CPU limits, for operators."""
-    from sandboxes_app.providers.base import ProviderError, get_provider
-
-    try:
-        backend = getattr(get_provider(), "cgroup_backend", None)
-    except ProviderError as exc:
-        return f"error: {exc}"
-    if backend is None:
-        return "provider-managed"
-    if backend.enforced:
-        return backend.describe()
-    return f"off: sandboxes run unlimited ({backend.describe()})"

@@ -49,6 +49,8 @@ _DESCRIPTIONS = {
     413: "Request body larger than API_MAX_BODY_BYTES.",
     429: "Too many requests: over a rate limit or an account quota; see Retry-After.",
     502: "Upstream error — the sandbox provider failed.",
+    503: "Another run is still working on this session past SANDBOX_PROVISION_WAIT; see "
+    "Retry-After.",
 }
 
 

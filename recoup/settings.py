@@ -6,6 +6,8 @@ Celery broker under RECOUP_DATA_DIR, so one command starts it on a fresh machine
 
 from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
+
 from recoup.env import (
     database_from_url,
     env_bool,
@@ -77,6 +79,10 @@ TEMPLATES = [
 
 DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'recoup.sqlite3'}")
 DATABASES = {"default": database_from_url(DATABASE_URL)}
+if "pool" in DATABASES["default"].get("OPTIONS", {}):
+    # Connections one process keeps to PostgreSQL, shared by all its threads; web workers x
+    # this (plus the worker's) must stay under the server's max_connections.
+    DATABASES["default"]["OPTIONS"]["pool"]["max_size"] = env_int("DB_POOL_SIZE", 8, minimum=1)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL", "")
@@ -123,10 +129,20 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 CELERY_TASK_ALWAYS_EAGER = False
+# The web entry (`manage.py web`): gunicorn processes and threads per process. A request waiting
+# on a sandbox holds a thread (and no database connection), so threads are many.
+WEB_WORKERS = env_int("WEB_WORKERS", 2, minimum=1)
+WEB_THREADS = env_int("WEB_THREADS", 128, minimum=1)
+# Of those, how many may wait on sandboxes (commands, provisioning) at once; past it a new wait
+# answers 503 with Retry-After, so the rest stay free for other requests.
+WEB_MAX_WAITING = env_int("WEB_MAX_WAITING", max(1, WEB_THREADS - 16), minimum=1)
+# The queue web and beat send to and the worker consumes (one deployment per queue on a shared
+# broker).
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "celery")
 CELERY_BEAT_SCHEDULE = {
     "lifecycle-sweep": {
         "task": "lifecycle.sweep",
-        "schedule": float(env_int("LIFECYCLE_SWEEP_INTERVAL", 10, minimum=1)),
+        "schedule": float(env_int("LIFECYCLE_SWEEP_INTERVAL", 5, minimum=1)),
     },
     "retention-sweep": {"task": "lifecycle.retention_sweep", "schedule": 24 * 3600.0},
 }
@@ -181,6 +197,7 @@ SPECTACULAR_SETTINGS = {
         "SessionStatusEnum": "sessions_app.models.Session.Status",
         "LifecycleStateEnum": "lifecycle.states.LifecycleState",
         "ErrorStatusEnum": [("error", "error")],
+        "SessionSandboxStatusEnum": [("active", "active"), ("no_sandbox", "no_sandbox")],
     },
 }
 
@@ -226,6 +243,9 @@ SANDBOX_OUTPUT_CAP = env_int("SANDBOX_OUTPUT_CAP", 1024 * 1024, minimum=1024)
 SANDBOX_MEMORY_MB = env_int("SANDBOX_MEMORY_MB", 2048, minimum=64)
 SANDBOX_MAX_PROCESSES = env_int("SANDBOX_MAX_PROCESSES", 512, minimum=16)
 SANDBOX_MAX_FILE_MB = env_int("SANDBOX_MAX_FILE_MB", 1024, minimum=1)
+# Everything one sandbox can write (its workspace changes), on a disk of its own: a write past it
+# fails with ENOSPC inside the sandbox. 0: no quota (the workspace is a dir in SANDBOX_ROOT).
+SANDBOX_DISK_MB = env_int("SANDBOX_DISK_MB", 10240, minimum=0)
 SANDBOX_CPU_SECONDS = env_int("SANDBOX_CPU_SECONDS", 3600, minimum=1)
 # CPUs a sandbox may use at once, all its processes together (fractions allowed).
 SANDBOX_CPUS = env_float("SANDBOX_CPUS", 1.0, minimum=0.01)
@@ -233,11 +253,16 @@ SANDBOX_CPUS = env_float("SANDBOX_CPUS", 1.0, minimum=0.01)
 # account's sessions; an organization may override both in the admin for its sessions.
 SANDBOX_MAX_PER_ACCOUNT = env_int("SANDBOX_MAX_PER_ACCOUNT", 10, minimum=1)
 SANDBOX_MAX_COMMANDS_PER_ACCOUNT = env_int("SANDBOX_MAX_COMMANDS_PER_ACCOUNT", 16, minimum=1)
-# A lifecycle run (provision, resume, hibernate) holds a lease this long; after it a crashed
-# run's lease is reclaimed by the next request or sweep.
-LIFECYCLE_LEASE_SECONDS = env_int("LIFECYCLE_LEASE_SECONDS", 900, minimum=5)
-# How long a POST /api/sandbox that found another request provisioning waits for its result.
-SANDBOX_PROVISION_WAIT = env_int("SANDBOX_PROVISION_WAIT", 900, minimum=1)
+# A lifecycle run (provision, resume, hibernate, base build) holds a lease this long, renewed
+# every LIFECYCLE_HEARTBEAT seconds while it works; a dead run's lease runs out and the next
+# request or sweep reclaims it.
+LIFECYCLE_LEASE_SECONDS = env_int("LIFECYCLE_LEASE_SECONDS", 10, minimum=3)
+LIFECYCLE_HEARTBEAT = env_float("LIFECYCLE_HEARTBEAT", 2.0, minimum=0.1)
+if LIFECYCLE_HEARTBEAT * 2 > LIFECYCLE_LEASE_SECONDS:
+    raise ImproperlyConfigured("LIFECYCLE_HEARTBEAT must be at most half LIFECYCLE_LEASE_SECONDS")
+# How long a POST /api/sandbox that found another request provisioning waits for its result,
+# before answering 503 with Retry-After.
+SANDBOX_PROVISION_WAIT = env_int("SANDBOX_PROVISION_WAIT", 60, minimum=1)
 LIFECYCLE_SWEEP_INTERVAL = env_int("LIFECYCLE_SWEEP_INTERVAL", 10, minimum=1)
 LIFECYCLE_SWEEP_BATCH = env_int("LIFECYCLE_SWEEP_BATCH", 100, minimum=1)
 # Hibernate this many seconds before sandboxExpiresAt, so expiry never outruns the snapshot.

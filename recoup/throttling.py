@@ -8,6 +8,7 @@ A fixed window lets a client spend its budget at the end of one window and again
 of the next: at most twice the rate over a window's length, which is all a poll guard needs.
 """
 
+import logging
 import math
 import threading
 import time
@@ -23,13 +24,14 @@ if TYPE_CHECKING:  # DRF's views import the throttle classes from settings
     from rest_framework.views import APIView
 
 _KEY_PREFIX = "recoup:rate:"
+logger = logging.getLogger("recoup.throttling")
 
 
 @cache
 def redis_client(url: str) -> redis.Redis:
     """One client, and so one connection pool, per process and URL (redis-py's pool is
     thread-safe and reconnects in a forked child)."""
-    return redis.Redis.from_url(url)
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
 
 
 class _LocalCounters:
@@ -82,7 +84,14 @@ class AccountRateThrottle(UserRateThrottle):
         window = int(now // self.duration)
         ends_at = (window + 1) * self.duration
         self._seconds_left = ends_at - now
-        return window_count(key, window=window, window_ends_at=ends_at) <= self.num_requests
+        try:
+            count = window_count(key, window=window, window_ends_at=ends_at)
+        except (redis.RedisError, OSError, ValueError):
+            # A guard against floods, not a gate: when Redis cannot count, let the request in
+            # rather than fail it (the account's quotas still hold).
+            logger.warning("rate limit not counted: Redis failed", exc_info=True)
+            return True
+        return count <= self.num_requests
 
     def wait(self) -> int:
         """Seconds until the window turns over: the 429's Retry-After."""

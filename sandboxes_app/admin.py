@@ -4,7 +4,9 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.timesince import timesince
 
+from sandboxes_app.checks import sandbox_limits
 from sandboxes_app.models import Sandbox, Snapshot
+from sandboxes_app.oneshots import oneshot_sandbox_destroy
 from sandboxes_app.providers.base import ProviderError, get_provider
 
 
@@ -22,10 +24,48 @@ class SandboxAdmin(admin.ModelAdmin):
         "expires_at",
         "destroyed_at",
     ]
-    list_filter = ["status", "provider", "boot", ("destroyed_at", admin.EmptyFieldListFilter)]
+    # "session: Empty" lists the one-shot sandboxes.
+    list_filter = [
+        ("session", admin.EmptyFieldListFilter),
+        "status",
+        "provider",
+        "boot",
+        ("destroyed_at", admin.EmptyFieldListFilter),
+    ]
     search_fields = ["name", "session__id", "account__email", "repo_full_name"]
     readonly_fields = [f.name for f in Sandbox._meta.fields]
     list_select_related = ["account", "session"]
+    actions = ["destroy_oneshots"]
+
+    @admin.action(description="Destroy selected one-shot sandboxes (processes and disk)")
+    def destroy_oneshots(self, request: HttpRequest, queryset: QuerySet[Sandbox]) -> None:
+        actor = f"admin:{request.user.get_username()}"
+        skipped = queryset.filter(session__isnull=False).count()
+        if skipped:
+            # A session's sandbox holds work: the session admin hibernates or archives it.
+            self.message_user(
+                request,
+                f"Skipped {skipped} session sandbox(es): hibernate or archive their sessions",
+                messages.WARNING,
+            )
+        destroyed = 0
+        for sandbox in queryset.filter(session__isnull=True, destroyed_at__isnull=True):
+            try:
+                recorded = oneshot_sandbox_destroy(sandbox=sandbox, actor=actor, reason="admin")
+            except ProviderError as exc:
+                self.message_user(request, f"{sandbox.name}: {exc}", messages.ERROR)
+                continue
+            if recorded:
+                destroyed += 1
+                self.log_change(request, sandbox, f"Destroyed one-shot sandbox ({actor})")
+        self.message_user(request, f"Destroyed {destroyed} one-shot sandbox(es)")
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None):
+        # Operators see here, where they look at sandboxes, whether they run unlimited.
+        limits = sandbox_limits()
+        level = messages.WARNING if limits.startswith(("off", "error")) else messages.INFO
+        self.message_user(request, f"Sandbox limits: {limits}", level)
+        return super().changelist_view(request, extra_context)
 
 
 @admin.register(Snapshot)

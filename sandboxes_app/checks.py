@@ -20,3 +20,16 @@ def require_sandbox_provider() -> None:
     problem = sandbox_provider_problem()
     if problem is not None:
         raise ImproperlyConfigured(f"recoup cannot run sandboxes here: {problem}")
+
+
+def sandbox_limits() -> str:
+    """Which limits sandboxes run with, for operators (/readyz, the admin); starts with "off:"
+    when they run unlimited (SANDBOX_LIMITS=off on a host that cannot enforce them)."""
+    from sandboxes_app.providers.base import ProviderError, get_provider
+
+    try:
+        provider = get_provider()
+    except ProviderError as exc:
+        return f"error: {exc}"
+    describe = getattr(provider, "describe_limits", None)
+    return describe() if describe is not None else "provider-managed"

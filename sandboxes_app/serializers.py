@@ -62,6 +62,14 @@ class CreateSandboxResponseSerializer(serializers.Serializer):
         help_text="Sandbox provider: `local` (bubblewrap on this host) or `vercel`.",
     )
     timing = TimingSerializer()
+    sandboxId = serializers.CharField(
+        required=False,
+        help_text=(
+            "Present for a one-shot sandbox (no `sessionId`) only: its id, for "
+            "`POST /api/sandbox/commands` and `POST /api/sandbox/destroy`, and as `sandboxId` "
+            "in `GET /api/sandboxes`. A session's sandbox is addressed by its session."
+        ),
+    )
 
     class Meta:
         ref_name = "CreateSandboxResponse"
@@ -80,6 +88,20 @@ class SandboxStatusResponseSerializer(serializers.Serializer):
         ref_name = "SandboxStatusResponse"
 
 
+class HibernateAcceptedSerializer(SandboxStatusResponseSerializer):
+    requestedState = serializers.ChoiceField(
+        choices=[("hibernated", "hibernated"), ("archived", "archived")],
+        help_text=(
+            "The state this request asked for (`archived` when the session is archived). "
+            "`lifecycle.state` is the state now: a request that found the sandbox being "
+            "provisioned or resumed is recorded and carried out once it is ready."
+        ),
+    )
+
+    class Meta:
+        ref_name = "HibernateAccepted"
+
+
 class ReconnectResponseSerializer(serializers.Serializer):
     status = serializers.ChoiceField(
         choices=[("connected", "connected"), ("expired", "expired"), ("no_sandbox", "no_sandbox")]
@@ -96,7 +118,19 @@ class ReconnectResponseSerializer(serializers.Serializer):
 
 
 class CommandRequestSerializer(serializers.Serializer):
-    sessionId = StrictCharField(required=True, max_length=64)
+    sessionId = StrictCharField(
+        required=False,
+        max_length=64,
+        help_text="The session whose sandbox runs the command. Required unless `sandboxId`.",
+    )
+    sandboxId = StrictCharField(
+        required=False,
+        max_length=64,
+        help_text=(
+            "Instead of `sessionId`: the id `POST /api/sandbox` returned for a one-shot sandbox "
+            "(one created without a session). Give one of the two, not both."
+        ),
+    )
     cmd = StrictCharField(
         required=True,
         max_length=4096,
@@ -122,11 +156,26 @@ class CommandRequestSerializer(serializers.Serializer):
     )
     timeoutMs = StrictIntegerField(required=False, min_value=1)
 
+    def get_fields(self) -> dict:
+        fields = super().get_fields()
+        # sessionId stays required, with the usual error, unless the body names a one-shot.
+        data = getattr(self, "initial_data", None)
+        if isinstance(data, dict) and "sandboxId" not in data:
+            fields["sessionId"].required = True
+        return fields
+
     def validate_env(self, value: dict) -> dict:
         problem = env_problem(value)
         if problem is not None:
             raise serializers.ValidationError(problem)
         return value
+
+    def validate(self, attrs: dict) -> dict:
+        if "sessionId" in attrs and "sandboxId" in attrs:
+            raise serializers.ValidationError(
+                {"sandboxId": "give either sessionId or sandboxId, not both"}
+            )
+        return attrs
 
 
 class CommandResponseSerializer(serializers.Serializer):
@@ -138,6 +187,31 @@ class CommandResponseSerializer(serializers.Serializer):
     durationMs = serializers.IntegerField()
     timedOut = serializers.BooleanField()
     truncated = serializers.BooleanField()
+
+
+# --- one-shot sandboxes ---------------------------------------------------------------------
+
+
+class SandboxIdBodySerializer(serializers.Serializer):
+    sandboxId = StrictCharField(
+        required=True,
+        max_length=64,
+        help_text="The id `POST /api/sandbox` returned for the one-shot sandbox.",
+    )
+
+
+class OneshotDestroyedSerializer(serializers.Serializer):
+    sandboxId = serializers.CharField()
+    sandboxStatus = serializers.ChoiceField(
+        choices=[("stopped", "stopped")],
+        help_text="Always `stopped`: its processes and disk are gone.",
+    )
+    destroyedAt = serializers.IntegerField(
+        help_text="Epoch milliseconds when it was destroyed (the first call's time on a repeat)."
+    )
+
+    class Meta:
+        ref_name = "OneshotDestroyed"
 
 
 # --- legacy /api/sandboxes ------------------------------------------------------------------

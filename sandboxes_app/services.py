@@ -16,16 +16,24 @@ from django.utils import timezone
 
 from lifecycle.bases import base_snapshot_lookup
 from lifecycle.hibernation import session_hibernate
-from lifecycle.leases import LEASE_RELEASE, lease_claim, lease_is_live, lease_update, new_run_id
+from lifecycle.leases import (
+    LEASE_RELEASE,
+    lease_claim,
+    lease_heartbeat,
+    lease_is_live,
+    lease_update,
+    new_run_id,
+)
 from lifecycle.states import LifecycleState as S
 from lifecycle.transitions import Seen, transition
 from recoup.accounts.git_tokens import git_token_for_clone
-from recoup.accounts.models import Account
-from recoup.errors import ApplicationError, Conflict, UpstreamError
+from recoup.db import release_db_connection
+from recoup.errors import ApplicationError, Conflict, ServiceUnavailable, UpstreamError
 from recoup.faults import crash_point
+from recoup.waits import waiting_slot
 from sandboxes_app.git.commands import public_text
 from sandboxes_app.git.urls import RepoRef
-from sandboxes_app.models import Sandbox, Snapshot, oneshot_sandbox_name, session_sandbox_name
+from sandboxes_app.models import Sandbox, Snapshot, session_sandbox_name
 from sandboxes_app.providers.base import (
     CommandResult,
     GitSource,
@@ -44,6 +52,7 @@ from sessions_app.models import Session
 logger = logging.getLogger("recoup.sandboxes")
 
 _WAIT_POLL_SECONDS = 0.1
+_RETRY_AFTER_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -78,7 +87,12 @@ def session_sandbox_ensure(*, session_id: str, repo: RepoRef, actor: str) -> Rea
             raise Conflict("Session is archived; PATCH its status to running to resume it")
         if state in (S.PROVISIONING, S.RESTORING, S.HIBERNATING) and lease_is_live(session):
             if time.monotonic() > deadline:
-                raise UpstreamError("Timed out waiting for the sandbox to be provisioned")
+                # The run is alive (its lease is renewed) but slow: the client comes back.
+                raise ServiceUnavailable(
+                    f"The session's sandbox is still {state}; retry shortly",
+                    retry_after=_RETRY_AFTER_SECONDS,
+                )
+            release_db_connection()
             time.sleep(_WAIT_POLL_SECONDS)
             continue
         if state == S.HIBERNATING:
@@ -172,27 +186,35 @@ def _claim_and_provision(
         )
     if claimed is None:
         return None
-    crash_point("resume_claimed" if resume_from else "create_claimed")
-    try:
-        info, base = _boot(
-            claimed,
+    with lease_heartbeat(session_id=session.id, run_id=run_id):
+        crash_point("resume_claimed" if resume_from else "create_claimed")
+        try:
+            info, base = _boot(
+                claimed,
+                provider=provider,
+                repo=repo,
+                run_id=run_id,
+                resume_from=resume_from,
+                actor=actor,
+            )
+        except ProviderError as exc:
+            error = public_text(str(exc))
+            _fail(session_id=session.id, run_id=run_id, actor=actor, error=error)
+            raise UpstreamError(f"The sandbox provider failed: {error}") from exc
+        except Exception as exc:
+            logger.exception("provisioning failed session=%s", session.id)
+            _fail(session_id=session.id, run_id=run_id, actor=actor, error=repr(exc))
+            raise UpstreamError("The sandbox provider failed unexpectedly") from exc
+        crash_point(f"{info.boot}_booted")
+        return _activate(
+            session.id,
             provider=provider,
             repo=repo,
+            info=info,
+            base=base,
             run_id=run_id,
-            resume_from=resume_from,
             actor=actor,
         )
-    except ProviderError as exc:
-        _fail(session_id=session.id, run_id=run_id, actor=actor, error=public_text(str(exc)))
-        raise UpstreamError(f"The sandbox provider failed: {public_text(str(exc))}") from exc
-    except Exception as exc:
-        logger.exception("provisioning failed session=%s", session.id)
-        _fail(session_id=session.id, run_id=run_id, actor=actor, error=repr(exc))
-        raise UpstreamError("The sandbox provider failed unexpectedly") from exc
-    crash_point(f"{info.boot}_booted")
-    return _activate(
-        session.id, provider=provider, repo=repo, info=info, base=base, run_id=run_id, actor=actor
-    )
 
 
 def _boot(
@@ -207,6 +229,7 @@ def _boot(
     name = session_sandbox_name(session.id)
     if resume_from is not None:
         try:
+            release_db_connection()  # an extraction may take minutes
             return provider.resume(name=name, snapshot=resume_from.to_info()), resume_from.base
         except (SnapshotMissing, SnapshotCorrupt) as exc:
             # The snapshot cannot come back; a fresh sandbox beats an error nobody can fix.
@@ -231,6 +254,7 @@ def _boot(
         clone_url=repo.clone_url,
         token=git_token_for_clone(organization_id=session.organization_id, owner=repo.owner),
     )
+    release_db_connection()  # a clone may take minutes
     if base is not None:
         try:
             return provider.create(name=name, source=source, base=base.to_info()), base
@@ -239,6 +263,7 @@ def _boot(
             logger.warning("base snapshot %s unusable: %s", base.storage_key, exc)
             Snapshot.objects.filter(id=base.id).update(deleted_at=timezone.now())
             provider.destroy(name=name)
+            release_db_connection()
     return provider.create(name=name, source=source), None
 
 
@@ -317,34 +342,6 @@ def _fail(*, session_id: str, run_id: str, actor: str, error: str) -> None:
         )
 
 
-def oneshot_sandbox_create(*, account: Account, repo: RepoRef) -> Ready:
-    """The legacy path: a sandbox bound to the account only, destroyed when its timeout passes."""
-    provider = get_provider()
-    name = oneshot_sandbox_name()
-    with transaction.atomic():
-        sandbox_quota_check(account_id=account.id, organization_id=None)
-        sandbox = Sandbox.objects.create(
-            name=name,
-            account=account,
-            provider=provider.name,
-            repo_full_name=repo.full_name,
-            expires_at=timezone.now() + timedelta(seconds=settings.SANDBOX_TIMEOUT),
-        )
-    try:
-        # No organization: only owners GITHUB_TOKEN_OWNERS allows get the service's token.
-        token = git_token_for_clone(organization_id=None, owner=repo.owner)
-        info = provider.create(name=name, source=GitSource(clone_url=repo.clone_url, token=token))
-    except ProviderError as exc:
-        Sandbox.objects.filter(id=sandbox.id).update(status=Sandbox.Status.FAILED)
-        provider.destroy(name=name)
-        raise UpstreamError(f"The sandbox provider failed: {public_text(str(exc))}") from exc
-    Sandbox.objects.filter(id=sandbox.id).update(
-        status=Sandbox.Status.RUNNING, branch=info.branch, boot=info.boot
-    )
-    sandbox.refresh_from_db()
-    return Ready(sandbox=sandbox, branch=info.branch, mode=provider.name, ready_at=timezone.now())
-
-
 def _require_active(session: Session) -> None:
     if session.lifecycle_state != S.ACTIVE:
         raise Conflict(
@@ -401,14 +398,16 @@ def session_command_run(
         timeout_s=timeout_s,
     ):
         session = session_activity_touch(session=session)
+        release_db_connection()
         try:
-            result = get_provider().run(
-                name=session_sandbox_name(session.id),
-                argv=argv,
-                cwd=cwd,
-                env=env,
-                timeout_s=timeout_s,
-            )
+            with waiting_slot():
+                result = get_provider().run(
+                    name=session_sandbox_name(session.id),
+                    argv=argv,
+                    cwd=cwd,
+                    env=env,
+                    timeout_s=timeout_s,
+                )
         except ProviderError as exc:
             raise UpstreamError(f"The sandbox provider failed: {public_text(str(exc))}") from exc
     _touch(session.id)
@@ -417,7 +416,7 @@ def session_command_run(
 
 def session_reconnect(*, session: Session, actor: str) -> dict:
     """GET /api/sandbox/reconnect: probe the runtime without waking or touching it. `session`
-    comes from `selectors.session_get_polled(sandboxes=True)`.
+    comes from `selectors.session_get_probed`.
 
     An active session whose runtime is dead is recorded as failed with its workspace kept (the
     lifecycle hibernates it from disk); a failed session whose runtime answers heals to active.

@@ -1,6 +1,7 @@
 from django.urls import path
 
 from sandboxes_app.legacy_views import SandboxesView
+from sandboxes_app.oneshot_views import OneshotDestroyView
 from sandboxes_app.views import (
     SandboxActivityView,
     SandboxCommandView,
@@ -19,5 +20,6 @@ urlpatterns = [
     path("sandbox/activity", SandboxActivityView.as_view(), name="sandbox-activity"),
     path("sandbox/extend", SandboxExtendView.as_view(), name="sandbox-extend"),
     path("sandbox/hibernate", SandboxHibernateView.as_view(), name="sandbox-hibernate"),
+    path("sandbox/destroy", OneshotDestroyView.as_view(), name="sandbox-destroy"),
     path("sandboxes", SandboxesView.as_view(), name="sandboxes"),
 ]

@@ -12,15 +12,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from lifecycle.hibernation import session_hibernate_request
 from recoup.api import validated
 from recoup.schema import ERROR_RESPONSES
-from sandboxes_app import selectors, services
+from sandboxes_app import oneshots, selectors, services
 from sandboxes_app.git.urls import parse_repo_url
 from sandboxes_app.serializers import (
     CommandRequestSerializer,
     CommandResponseSerializer,
     CreateSandboxRequestSerializer,
     CreateSandboxResponseSerializer,
+    HibernateAcceptedSerializer,
     ReconnectResponseSerializer,
     SandboxStatusResponseSerializer,
     SessionIdBodySerializer,
@@ -36,11 +38,10 @@ def owned_session(request: Request, data: dict) -> Session:
     return session
 
 
-def polled_session(request: Request, *, sandboxes: bool = False) -> Session:
+def polled_session(request: Request, *, probe: bool = False) -> Session:
     data = validated(SessionIdQuerySerializer, request.query_params.dict())
-    session = selectors.session_get_polled(
-        session_id=data["sessionId"], account=request.user, sandboxes=sandboxes
-    )
+    select = selectors.session_get_probed if probe else selectors.session_get_polled
+    session = select(session_id=data["sessionId"], account=request.user)
     request._request.log_session_id = session.id
     return session
 
@@ -60,7 +61,9 @@ class SandboxView(APIView):
             "a session whose sandbox holds another repository answers 400. 429 with "
             "Retry-After when the account already holds its quota of live sandboxes "
             "(SANDBOX_MAX_PER_ACCOUNT or its organization's override); a session that holds "
-            "its sandbox already is never refused."
+            "its sandbox already is never refused. A call that finds another request "
+            "provisioning or resuming the session waits for it up to SANDBOX_PROVISION_WAIT "
+            "(60 s), then answers 503 with Retry-After."
         ),
         request=CreateSandboxRequestSerializer,
         responses={
@@ -75,6 +78,7 @@ class SandboxView(APIView):
                 409,
                 429,
                 502,
+                503,
                 d429="The account holds its quota of live sandboxes; see Retry-After.",
             ),
         },
@@ -88,7 +92,7 @@ class SandboxView(APIView):
                 session_id=session.id, repo=repo, actor=actor_of(request)
             )
         else:
-            ready = services.oneshot_sandbox_create(account=request.user, repo=repo)
+            ready = oneshots.oneshot_sandbox_create(account=request.user, repo=repo)
         ready_ms = int((time.monotonic() - request._request.received_at) * 1000)
         body = {
             "createdAt": selectors.epoch_ms(ready.ready_at),
@@ -97,6 +101,8 @@ class SandboxView(APIView):
             "mode": ready.mode,
             "timing": {"readyMs": ready_ms},
         }
+        if "sessionId" not in data:
+            body["sandboxId"] = ready.sandbox.name  # a one-shot's only handle
         return Response(CreateSandboxResponseSerializer(body).data)
 
 
@@ -159,7 +165,7 @@ class SandboxReconnectView(APIView):
         },
     )
     def get(self, request: Request) -> Response:
-        session = polled_session(request, sandboxes=True)
+        session = polled_session(request, probe=True)
         return Response(services.session_reconnect(session=session, actor=actor_of(request)))
 
 
@@ -170,7 +176,9 @@ class SandboxCommandView(APIView):
         description=(
             "Runs `cmd` with `args` (no shell unless you run `sh -c`) inside /workspace. Counts "
             "as activity; a running command keeps the sandbox from idle hibernation. "
-            "409 when the session has no active sandbox. 429 with Retry-After when the "
+            "409 when the session has no active sandbox. With `sandboxId` instead of "
+            "`sessionId` it runs in that one-shot sandbox: 404 unless the caller owns it, 409 "
+            "once it is destroyed or expired. 429 with Retry-After when the "
             "account already runs its quota of commands at once "
             "(SANDBOX_MAX_COMMANDS_PER_ACCOUNT or its organization's override)."
         ),
@@ -186,25 +194,35 @@ class SandboxCommandView(APIView):
                 413,
                 429,
                 502,
+                503,
                 d429="The account runs its quota of commands at once; see Retry-After.",
+                d503="This server already waits on WEB_MAX_WAITING commands; see Retry-After.",
             ),
         },
     )
     def post(self, request: Request) -> Response:
         data = validated(CommandRequestSerializer, request.data)
-        session = owned_session(request, data)
+        # The same checks in the same order for a session's and a one-shot sandbox: owner, then
+        # timeout.
+        if "sandboxId" in data:
+            sandbox = oneshots.oneshot_get_owned(sandbox_id=data["sandboxId"], account=request.user)
+        else:
+            session = owned_session(request, data)
         timeout_s = data["timeoutMs"] / 1000 if "timeoutMs" in data else None
         if timeout_s is not None and timeout_s > settings.SANDBOX_COMMAND_MAX_TIMEOUT:
             raise ValidationError(
                 {"timeoutMs": f"must be at most {settings.SANDBOX_COMMAND_MAX_TIMEOUT * 1000}"}
             )
-        result = services.session_command_run(
-            session=session,
-            argv=[data["cmd"], *data.get("args", [])],
-            cwd=data.get("cwd"),
-            env=data.get("env"),
-            timeout_s=timeout_s,
-        )
+        command = {
+            "argv": [data["cmd"], *data.get("args", [])],
+            "cwd": data.get("cwd"),
+            "env": data.get("env"),
+            "timeout_s": timeout_s,
+        }
+        if "sandboxId" in data:
+            result = oneshots.oneshot_command_run(sandbox=sandbox, **command)
+        else:
+            result = services.session_command_run(session=session, **command)
         return Response(
             {
                 "exitCode": result.exit_code,
@@ -256,16 +274,26 @@ class SandboxExtendView(APIView):
 
 
 class SandboxHibernateView(APIView):
-    @_session_action_schema(
-        "hibernateSandbox",
-        "Hibernate the sandbox now",
-        "Accepted for the worker: snapshot, verify, stop, then mark hibernated. Idempotent: a "
-        "session with nothing to hibernate answers 202 too.",
-        code=202,
+    @extend_schema(
+        operation_id="hibernateSandbox",
+        summary="Hibernate the sandbox now",
+        description=(
+            "Accepted for the worker: snapshot, verify, stop, then mark hibernated. While the "
+            "sandbox is being provisioned or resumed, the request is recorded and carried out "
+            "once it is ready; `requestedState` says what was asked for, `lifecycle.state` "
+            "where the session is now. Idempotent: a session with nothing to hibernate "
+            "answers 202 too."
+        ),
+        request=SessionIdBodySerializer,
+        responses={
+            202: HibernateAcceptedSerializer,
+            **ERROR_RESPONSES(400, 401, 403, 404, 409),
+        },
     )
     def post(self, request: Request) -> Response:
         session = owned_session(request, validated(SessionIdBodySerializer, request.data))
-        from lifecycle.tasks import hibernate_session
-
-        transaction.on_commit(lambda: hibernate_session.delay(session.id, None, "requested"))
-        return Response(selectors.session_sandbox_status(session), status=status.HTTP_202_ACCEPTED)
+        session = session_hibernate_request(session_id=session.id, reason="requested")
+        body = selectors.session_sandbox_status(session)
+        archived = session.status == Session.Status.ARCHIVED
+        body["requestedState"] = "archived" if archived else "hibernated"
+        return Response(body, status=status.HTTP_202_ACCEPTED)

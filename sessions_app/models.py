@@ -58,6 +58,11 @@ class Session(models.Model):
     # Not in the contract: the lease behind lifecycle_run_id, the session's current snapshot,
     # and the retry backoff of a failed lifecycle step.
     lifecycle_lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # A hibernation asked for while the sandbox was being provisioned or resumed: carried out
+    # by the run that finishes it, never dropped.
+    lifecycle_intent = models.CharField(
+        max_length=20, null=True, blank=True, choices=[("hibernate", "hibernate")]
+    )
     current_snapshot = models.ForeignKey(
         "sandboxes_app.Snapshot",
         on_delete=models.SET_NULL,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from django.conf import settings
@@ -140,12 +141,21 @@ def public_text(text: str) -> str:
     return text
 
 
-def git_clone(*, url: str, dest: Path, branch: str | None, token: str | None = None) -> None:
-    """Clone `url` into the new directory `dest` with `branch` (default: remote HEAD) out."""
+def git_clone(
+    *,
+    url: str,
+    dest: Path,
+    branch: str | None,
+    token: str | None = None,
+    wrap: Callable[[list[str]], list[str]] | None = None,
+) -> None:
+    """Clone `url` into the new directory `dest` with `branch` (default: remote HEAD) out;
+    `wrap` turns git's argv into the argv that runs it (in a mount namespace, say)."""
     argv = ["git", "clone", "--quiet", "--no-local"]
     if branch:
         argv += ["--branch", check_branch(branch)]
-    run_git([*argv, "--", url, str(dest)], token=token, remote=url)
+    argv += ["--", url, str(dest)]
+    run_git(wrap(argv) if wrap else argv, token=token, remote=url)
 
 
 def remote_head(*, url: str, branch: str | None, token: str | None = None) -> tuple[str, str]:

@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -94,6 +95,14 @@ from sandboxes_app.providers.local_runtime import (
     stop_init,
 )
 from sandboxes_app.providers.local_seccomp import open_seccomp_bpf
+from sandboxes_app.providers.local_volume import (
+    attach,
+    create_image,
+    in_disk_namespace,
+    mount_volume,
+    mounted,
+    volume_support_problem,
+)
 from sandboxes_app.providers.local_workspace import (
     adopt_as_base_cache,
     base_lock,
@@ -125,11 +134,14 @@ class LocalProvider(SandboxProvider):
         command_timeout: float,
         max_command_timeout: float,
         output_cap: int,
+        disk_mb: int = 0,
     ) -> None:
         self.root = Path(root)
         self.isolation = isolation
         self.network = network
         self.limits = limits
+        # A sandbox without isolation works in a host directory: there is no disk of its own.
+        self.disk_mb = disk_mb if isolation != "none" else 0
         self.command_timeout = command_timeout
         self.max_command_timeout = max_command_timeout
         self.output_cap = output_cap
@@ -161,21 +173,39 @@ class LocalProvider(SandboxProvider):
             command_timeout=settings.SANDBOX_COMMAND_TIMEOUT,
             max_command_timeout=settings.SANDBOX_COMMAND_MAX_TIMEOUT,
             output_cap=settings.SANDBOX_OUTPUT_CAP,
+            disk_mb=settings.SANDBOX_DISK_MB,
         )
         if settings.SANDBOX_ISOLATION == "bwrap":
             provider.check_limits()
         return provider
 
     def check_limits(self) -> None:
-        """Refuse to run sandboxes whose limits would not hold, unless SANDBOX_LIMITS=off."""
-        if self.cgroup_backend.enforced or settings.SANDBOX_LIMITS == "off":
+        """Refuse to run sandboxes whose limits would not hold, unless SANDBOX_LIMITS=off (then
+        a disk quota this host cannot give is dropped: sandboxes write to SANDBOX_ROOT)."""
+        disk_problem = volume_support_problem() if self.disk_mb else None
+        if settings.SANDBOX_LIMITS == "off":
+            if disk_problem is not None:
+                self.disk_mb = 0
             return
-        raise ProviderError(
-            f"Sandbox limits are {self.cgroup_backend.describe()}. Delegate the memory, pids "
-            "and cpu controllers to this service on a cgroup2 mount (systemd: Delegate=yes; "
-            "Docker: privileged, with the host's cgroup namespace), or set SANDBOX_LIMITS=off "
-            "to run sandboxes without limits"
-        )
+        if not self.cgroup_backend.enforced:
+            raise ProviderError(
+                f"Sandbox limits are {self.cgroup_backend.describe()}. Delegate the memory, "
+                "pids and cpu controllers to this service on a cgroup2 mount (systemd: "
+                "Delegate=yes; Docker: privileged, with the host's cgroup namespace), or set "
+                "SANDBOX_LIMITS=off to run sandboxes without limits"
+            )
+        if disk_problem is not None:
+            raise ProviderError(
+                f"The sandbox disk quota (SANDBOX_DISK_MB) cannot hold: {disk_problem}; or set "
+                "SANDBOX_DISK_MB=0 (or SANDBOX_LIMITS=off) to let sandboxes fill SANDBOX_ROOT"
+            )
+
+    def describe_limits(self) -> str:
+        """For operators (/readyz, the admin): which limits sandboxes run with."""
+        disk = f"disk {self.disk_mb} MB" if self.disk_mb else "disk unlimited"
+        if self.cgroup_backend.enforced:
+            return f"{self.cgroup_backend.describe()}; {disk}"
+        return f"off: sandboxes run unlimited ({self.cgroup_backend.describe()}; {disk})"
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -183,12 +213,14 @@ class LocalProvider(SandboxProvider):
         self, *, name: str, source: GitSource, base: SnapshotInfo | None = None
     ) -> SandboxInfo:
         paths = self._paths(name)
-        with file_lock(paths.lock):
+        # `disk` keeps a new sandbox's filesystem up from its filling to its init's start, so it
+        # is mounted once, not torn down and set up again in between.
+        with file_lock(paths.lock), contextlib.ExitStack() as disk:
             meta = read_json(paths.meta)
             reused = meta is not None
             if meta is None:
                 self._discard_partial(paths)
-                meta = self._prepare(paths=paths, source=source, base=base)
+                meta = self._prepare(paths=paths, source=source, base=base, disk=disk)
             if live_init(paths) is None:
                 self._start(paths=paths, meta=meta)
         return _info(meta, reused=reused)
@@ -204,30 +236,35 @@ class LocalProvider(SandboxProvider):
                     self._start(paths=paths, meta=meta)
                 return _info(meta, reused=True)
             self._discard_partial(paths)
-            paths.upper.mkdir(parents=True)
-            try:
-                layers = [paths.upper]
-                if snapshot.base is not None:
-                    layers.append(ensure_base_cache(root=self.root, base=snapshot.base))
-                snapshot_extract(
-                    storage_key=snapshot.storage_key,
-                    sha256=snapshot.sha256,
-                    size_bytes=snapshot.size_bytes,
-                    dest=paths.upper,
-                )
-                own_if_stale(paths.upper)
-                meta = self._meta(
-                    paths=paths,
-                    branch=head_branch(layers=layers),
-                    base=snapshot.base,
-                    boot="resume",
-                )
-                meta["snapshot_sha256"] = snapshot.sha256
-                write_json(paths.meta, meta)
-            except BaseException:
-                shutil.rmtree(paths.dir, ignore_errors=True)
-                raise
-            self._start(paths=paths, meta=meta)
+            self._own_root()
+            paths.dir.mkdir()
+            with contextlib.ExitStack() as disk:  # up from the extraction to the init's start
+                try:
+                    self._new_disk(paths)
+                    upper = disk.enter_context(self._layers(paths)) / "upper"
+                    upper.mkdir()
+                    layers = [upper]
+                    if snapshot.base is not None:
+                        layers.append(ensure_base_cache(root=self.root, base=snapshot.base))
+                    snapshot_extract(
+                        storage_key=snapshot.storage_key,
+                        sha256=snapshot.sha256,
+                        size_bytes=snapshot.size_bytes,
+                        dest=upper,
+                    )
+                    own_if_stale(upper)
+                    meta = self._meta(
+                        paths=paths,
+                        branch=head_branch(layers=layers),
+                        base=snapshot.base,
+                        boot="resume",
+                    )
+                    meta["snapshot_sha256"] = snapshot.sha256
+                    write_json(paths.meta, meta)
+                except BaseException:
+                    shutil.rmtree(paths.dir, ignore_errors=True)
+                    raise
+                self._start(paths=paths, meta=meta)
         return _info(meta, reused=False)
 
     def stop(self, *, name: str) -> None:
@@ -241,6 +278,19 @@ class LocalProvider(SandboxProvider):
             self._stop(paths)
             if paths.dir.exists():
                 shutil.rmtree(paths.dir)
+
+    def thaw_all(self) -> int:
+        """Thaw every sandbox of this root: for when nothing of the service runs any more (a
+        snapshot killed mid-way leaves its sandbox frozen). Returns how many were thawed."""
+        thawed = 0
+        for path in self.root.iterdir() if self.root.exists() else []:
+            if path.name.startswith("_") or not path.is_dir():
+                continue
+            cgroups = self._cgroups(path.name)
+            if cgroups is not None and cgroups.is_frozen():
+                cgroups.thaw()
+                thawed += 1
+        return thawed
 
     def status(self, *, name: str) -> SandboxStatus:
         paths = self._paths(name)
@@ -305,7 +355,8 @@ class LocalProvider(SandboxProvider):
             if cgroups is not None:
                 cgroups.freeze()
             try:
-                sha256, size = store_tree(source=paths.upper, storage_key=storage_key)
+                with self._layers(paths) as layers:
+                    sha256, size = store_tree(source=layers / "upper", storage_key=storage_key)
             finally:
                 if cgroups is not None:
                     cgroups.thaw()
@@ -365,6 +416,22 @@ class LocalProvider(SandboxProvider):
     def _paths(self, name: str) -> SandboxPaths:
         return SandboxPaths(root=self.root, name=check_name(name))
 
+    def _new_disk(self, paths: SandboxPaths) -> None:
+        """The sandbox's own disk of SANDBOX_DISK_MB, when there is a quota."""
+        if self.disk_mb:
+            create_image(paths.image, size_mb=self.disk_mb)
+
+    @contextlib.contextmanager
+    def _layers(self, paths: SandboxPaths) -> Iterator[Path]:
+        """Where the overlay's layers (lower/, upper/, work/) are, for host-side work while the
+        block runs: the root of the sandbox's disk, or the sandbox dir when it has none (no
+        quota, or made before there was one)."""
+        if not paths.image.exists():
+            yield paths.dir
+            return
+        with mounted(paths.image) as root:
+            yield root
+
     def _own_root(self) -> None:
         """SANDBOX_ROOT is root's alone (0700): no host user can reach a workspace in it."""
         self.root.mkdir(parents=True, exist_ok=True)
@@ -389,22 +456,29 @@ class LocalProvider(SandboxProvider):
             stop_init(record=live_init(paths), cgroups=self._cgroups(paths.name))
             shutil.rmtree(paths.dir)
 
-    def _prepare(self, *, paths: SandboxPaths, source: GitSource, base: SnapshotInfo | None):
+    def _prepare(
+        self,
+        *,
+        paths: SandboxPaths,
+        source: GitSource,
+        base: SnapshotInfo | None,
+        disk: contextlib.ExitStack,
+    ):
+        """Fill a new sandbox's workspace; its disk stays mounted until `disk` closes."""
         self._own_root()
         paths.dir.mkdir(parents=True)
         try:
+            self._new_disk(paths)
+            layers = disk.enter_context(self._layers(paths))
             if base is None:
-                git_clone(
-                    url=source.clone_url,
-                    dest=paths.upper,
-                    branch=source.branch,
-                    token=source.token,
-                )
-                chown_to_sandbox(paths.upper)
-                branch = head_branch(layers=[paths.upper])
+                self._clone(paths=paths, source=source)
+                chown_to_sandbox(layers / "upper")
+                branch = head_branch(layers=[layers / "upper"])
                 meta = self._meta(paths=paths, branch=branch, base=None, boot="clone")
             else:
-                branch, moved = self._layer_on_base(paths=paths, source=source, base=base)
+                branch, moved = self._layer_on_base(
+                    paths=paths, layers=layers, source=source, base=base
+                )
                 meta = self._meta(paths=paths, branch=branch, base=base, boot="base")
                 meta["fast_forwarded"] = moved
             write_json(paths.meta, meta)
@@ -413,7 +487,27 @@ class LocalProvider(SandboxProvider):
             shutil.rmtree(paths.dir, ignore_errors=True)
             raise
 
-    def _layer_on_base(self, *, paths: SandboxPaths, source: GitSource, base: SnapshotInfo):
+    def _clone(self, *, paths: SandboxPaths, source: GitSource) -> None:
+        """Clone into the upper layer; straight onto the sandbox's disk when it has one, so a
+        repository larger than the quota fails here and not later in the sandbox."""
+        if not paths.image.exists():
+            git_clone(
+                url=source.clone_url, dest=paths.upper, branch=source.branch, token=source.token
+            )
+            return
+        paths.merged.mkdir(exist_ok=True)
+        with attach(paths.image) as device:
+            git_clone(
+                url=source.clone_url,
+                dest=paths.merged / "upper",
+                branch=source.branch,
+                token=source.token,
+                wrap=functools.partial(in_disk_namespace, device=device, target=paths.merged),
+            )
+
+    def _layer_on_base(
+        self, *, paths: SandboxPaths, layers: Path, source: GitSource, base: SnapshotInfo
+    ):
         """An empty upper layer over the base, moved to the origin's current branch tip.
 
         Git runs as root in a throwaway mount namespace with the overlay mounted, only on the
@@ -424,8 +518,8 @@ class LocalProvider(SandboxProvider):
             raise ProviderError("SANDBOX_ISOLATION=none cannot layer a sandbox on a base")
         with base_lock(root=self.root, sha256=base.sha256, shared=True):
             lower = ensure_base_cache(root=self.root, base=base)
-            ensure_layers(paths)
-            chown_to_sandbox(paths.upper)
+            ensure_layers(layers=layers, merged=paths.merged)
+            chown_to_sandbox(layers / "upper")
             branch, remote_sha = remote_head(
                 url=source.clone_url, branch=source.branch, token=source.token
             )
@@ -433,11 +527,11 @@ class LocalProvider(SandboxProvider):
                 return branch, False
             for argv in fast_forward_argvs(repo=paths.merged, url=source.clone_url, branch=branch):
                 run_git(
-                    in_overlay_namespace(paths=paths, lower=lower, argv=argv),
+                    in_overlay_namespace(paths=paths, layers=layers, lower=lower, argv=argv),
                     trust_repo=True,
                     token=source.token,
                 )
-            chown_to_sandbox(paths.upper)
+            chown_to_sandbox(layers / "upper")
         return branch, True
 
     def _start(self, *, paths: SandboxPaths, meta: dict) -> None:
@@ -455,12 +549,13 @@ class LocalProvider(SandboxProvider):
             write_json(paths.init, start_placeholder())
             return
         self._own_root()
-        ensure_layers(paths)
         base = snapshot_from_dict(meta["base"])
         uid, gid = sandbox_ids()
         identity = claim_identity(root=self.root, name=paths.name)
-        with contextlib.ExitStack() as fds:
+        # The plain mount of the disk stays until the init holds the filesystem itself.
+        with self._layers(paths) as layers, contextlib.ExitStack() as fds:
             try:
+                ensure_layers(layers=layers, merged=paths.merged)
                 record = self._start_init(
                     paths=paths, base=base, identity=identity, uid=uid, gid=gid, fds=fds
                 )
@@ -486,11 +581,12 @@ class LocalProvider(SandboxProvider):
             with base_lock(root=self.root, sha256=base.sha256, shared=True):
                 cache = ensure_base_cache(root=self.root, base=base)
                 base_fd = keep(idmapped_tree(cache, userns_fd=idmap_fd, read_only=True))
-        mounts = InitMounts(
-            userns_fd=userns_fd,
-            dir_fd=keep(idmapped_tree(paths.dir, userns_fd=idmap_fd)),
-            base_fd=base_fd,
-        )
+        if paths.image.exists():
+            with attach(paths.image) as device:
+                layers_fd = keep(mount_volume(device, userns_fd=idmap_fd))
+        else:
+            layers_fd = keep(idmapped_tree(paths.dir, userns_fd=idmap_fd))
+        mounts = InitMounts(userns_fd=userns_fd, dir_fd=layers_fd, base_fd=base_fd)
         return start_init(
             paths=paths,
             mounts=mounts,

@@ -100,6 +100,12 @@ class SandboxCgroups:
         with contextlib.suppress(FileNotFoundError):
             _write(self.dir("freezer") / "freezer.state", "THAWED")
 
+    def is_frozen(self) -> bool:
+        try:
+            return (self.dir("freezer") / "freezer.state").read_text().strip() != "THAWED"
+        except FileNotFoundError:
+            return False
+
     def kill_all_and_remove(self) -> None:
         """Kill every process of the sandbox and delete its groups. Idempotent."""
         freezer = self.dir("freezer")
@@ -258,6 +264,12 @@ class SandboxCgroups2:
     def thaw(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             _write(self.dir() / "cgroup.freeze", "0")
+
+    def is_frozen(self) -> bool:
+        try:
+            return (self.dir() / "cgroup.freeze").read_text().strip() == "1"
+        except FileNotFoundError:
+            return False
 
     def kill_all_and_remove(self) -> None:
         """Kill every process of the sandbox and delete its groups. Idempotent."""

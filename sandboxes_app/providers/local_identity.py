@@ -201,13 +201,21 @@ def idmapped_tree(path: Path, *, userns_fd: int, read_only: bool = False) -> int
     fd = _libc.syscall(_SYS_OPEN_TREE, -100, os.fsencode(path), flags)
     if fd < 0:
         raise _mount_error("open_tree", path)
-    flags = _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
-    attr = _MountAttr(flags | (_MOUNT_ATTR_RDONLY if read_only else 0), 0, 0, userns_fd)
-    if _libc.syscall(_SYS_MOUNT_SETATTR, fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr), 32) < 0:
-        error = _mount_error("mount_setattr", path)
+    flags = _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV | (_MOUNT_ATTR_RDONLY if read_only else 0)
+    try:
+        set_idmap(fd, userns_fd=userns_fd, flags=flags)
+    except OSError:
         os.close(fd)
-        raise error
+        raise _mount_error("mount_setattr", path) from None
     return fd
+
+
+def set_idmap(mount_fd: int, *, userns_fd: int, flags: int = 0) -> None:
+    """Make the detached, never attached mount `mount_fd` idmapped through `userns_fd`."""
+    attr = _MountAttr(_MOUNT_ATTR_IDMAP | flags, 0, 0, userns_fd)
+    if _libc.syscall(_SYS_MOUNT_SETATTR, mount_fd, b"", _AT_EMPTY_PATH, ctypes.byref(attr), 32) < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def _mount_error(call: str, path: Path) -> ProviderError:

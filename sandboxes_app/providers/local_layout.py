@@ -5,12 +5,15 @@ Everything the local provider knows about a sandbox is under `SANDBOX_ROOT`:
     <root>/<name>/meta.json      written once the workspace is complete; its presence is what
                                  makes the sandbox exist (STOPPED at least)
     <root>/<name>/init.json      pid, start time and boot id of the running init
-    <root>/<name>/upper/         the workspace: the overlay's upper layer, which holds the whole
+    <root>/<name>/disk.img       the sandbox's disk (SANDBOX_DISK_MB, sparse ext4; see
+                                 local_volume), holding the three layer dirs below; without a
+                                 quota they sit in <root>/<name>/ itself
+        upper/                   the workspace: the overlay's upper layer, which holds the whole
                                  checkout, or only the changes when the sandbox sits on a base
-    <root>/<name>/lower          the overlay's lower layer: an empty dir, or a symlink to the
-                                 base cache (so the mount names no host path or base hash)
-    <root>/<name>/work/          overlayfs work dir
-    <root>/<name>/merged/        overlay mount point, only ever mounted in private namespaces
+        lower/                   the overlay's lower layer when there is no base: empty
+        work/                    overlayfs work dir
+    <root>/<name>/merged/        overlay mount point for host-side git, only ever mounted in
+                                 private namespaces
     <root>/<name>/runs/          one flock-held marker per in-flight command
     <root>/_locks/<name>.lock    per-sandbox lock; outside the sandbox dir so destroy can't
                                  delete a lock somebody is waiting on
@@ -68,6 +71,10 @@ class SandboxPaths:
     @property
     def dir(self) -> Path:
         return self.root / self.name
+
+    @property
+    def image(self) -> Path:
+        return self.dir / "disk.img"
 
     @property
     def upper(self) -> Path:

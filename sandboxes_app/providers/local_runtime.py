@@ -298,27 +298,31 @@ def start_init(
     return record
 
 
-def ensure_layers(paths: SandboxPaths) -> None:
-    """The overlay's dirs: `lower` is the empty lower layer of a sandbox without a base (a
-    base's cache is handed over by fd instead), `work` overlayfs's own."""
-    if paths.lower.is_symlink():
-        paths.lower.unlink()
-    for layer in (paths.lower, paths.upper, paths.work, paths.merged):
+def ensure_layers(*, layers: Path, merged: Path) -> None:
+    """The overlay's dirs under `layers` (the sandbox dir, or the root of its disk): `lower`
+    is the empty lower layer of a sandbox without a base (a base's cache is handed over by fd
+    instead), `work` overlayfs's own; `merged` is where host-side git mounts the overlay."""
+    lower = layers / "lower"
+    if lower.is_symlink():
+        lower.unlink()
+    for layer in (lower, layers / "upper", layers / "work", merged):
         layer.mkdir(mode=0o755, exist_ok=True)
 
 
 # Host-side git on a base layer: the overlay in a throwaway mount namespace (nothing is mounted
 # on the host, and the mount disappears with the namespace, even on a crash), then the rest.
-_MOUNT_OVERLAY = 'cd "$1" || exit 125; mount -t overlay overlay -o "$2" merged || exit 125; '
-_MOUNT_OVERLAY += 'shift 2; exec "$@"'
+_MOUNT_OVERLAY = 'mount -t overlay overlay -o "$1" "$2" || exit 125; shift 2; exec "$@"'
 
 
-def in_overlay_namespace(*, paths: SandboxPaths, lower: Path, argv: list[str]) -> list[str]:
+def in_overlay_namespace(
+    *, paths: SandboxPaths, layers: Path, lower: Path, argv: list[str]
+) -> list[str]:
     """argv run as host root with the sandbox's overlay over `lower` mounted at paths.merged."""
-    ensure_layers(paths)
-    options = f"lowerdir={lower},upperdir=upper,workdir=work,{_OVERLAY_FLAGS}"
-    if any(ch in str(lower) for ch in ",:\\"):
-        raise ProviderError(f"Paths with ',', ':' or '\\' cannot be overlay layers: {lower}")
+    ensure_layers(layers=layers, merged=paths.merged)
+    for path in (lower, layers):
+        if any(ch in str(path) for ch in ",:\\"):
+            raise ProviderError(f"Paths with ',', ':' or '\\' cannot be overlay layers: {path}")
+    options = f"lowerdir={lower},upperdir={layers}/upper,workdir={layers}/work,{_OVERLAY_FLAGS}"
     return [
         host_tool("unshare"),
         "--mount",
@@ -329,8 +333,8 @@ def in_overlay_namespace(*, paths: SandboxPaths, lower: Path, argv: list[str]) -
         "-c",
         _MOUNT_OVERLAY,
         "sh",
-        str(paths.dir),
         options,
+        str(paths.merged),
         *argv,
     ]
 

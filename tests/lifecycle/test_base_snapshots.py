@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 
 from lifecycle.models import BaseSnapshotBuild, LifecycleEvent
 from sandboxes_app.models import Sandbox, Snapshot, session_sandbox_name
+from tests.sandboxes_app.conftest import host_upper
 from tests.support.api import new_session, run, start_sandbox
 from tests.support.worker import wait_for
 
@@ -81,8 +82,8 @@ def test_later_sandboxes_boot_from_the_base_without_cloning(
     assert sandbox.boot == "base" and sandbox.base_snapshot_id == build.snapshot_id
     assert LifecycleEvent.objects.filter(session_id=second, reason="ready_base").exists()
     # Copy-on-write: the new workspace wrote a small fraction of the repository's bytes.
-    upper = settings.SANDBOX_ROOT / session_sandbox_name(second) / "upper"
-    assert disk_bytes(upper) < BIG / 4
+    with host_upper(settings.SANDBOX_ROOT, session_sandbox_name(second)) as upper:
+        assert (upper / "NEW.md").exists() and disk_bytes(upper) < BIG / 4
     # ...and it was fast-forwarded to the origin's current branch.
     assert run(member, second, "cat", "NEW.md").json()["stdout"] == "after the base\n"
     assert run(member, second, "wc", "-c", "blob.bin").json()["stdout"].startswith(str(BIG))

@@ -53,7 +53,9 @@ def test_readyz_is_ready_when_the_database_and_broker_answer(anon):
     assert response.status_code == 200, response.content
     assert response["Content-Type"] == "application/json"
     body = response.json()
-    assert body.pop("sandboxLimits").startswith("enforced (cgroup v")  # v1 or v2, by host
+    limits = body.pop("sandboxLimits")
+    assert limits.startswith("enforced (cgroup v")  # v1 or v2, by host
+    assert limits.endswith(f"; disk {settings.SANDBOX_DISK_MB} MB")
     assert body == {
         "status": "ok",
         "checks": {"database": "ok", "broker": "ok"},

@@ -2,6 +2,7 @@
 test, real git origins (tests.support.origin), and a provider that destroys whatever the test
 left running, so no sandbox process outlives its test."""
 
+import contextlib
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from django.core.files.storage import storages
 
 from sandboxes_app.providers.base import GitSource
 from sandboxes_app.providers.local import LocalProvider
+from sandboxes_app.providers.local_volume import mounted
 
 
 @pytest.fixture
@@ -70,6 +72,13 @@ def new_name() -> Callable[[], str]:
     return lambda: f"t-{uuid.uuid4().hex[:12]}"
 
 
-def upper_dir(root: Path, name: str) -> Path:
-    """Where the workspace (or its overlay upper layer) of `name` lives on the host."""
-    return root / name / "upper"
+@contextlib.contextmanager
+def host_upper(root: Path, name: str) -> Iterator[Path]:
+    """The workspace (the overlay's upper layer) of `name` as a host path while the block runs:
+    on the sandbox's own disk, mounted detached for the block, or in its dir when it has none."""
+    image = root / name / "disk.img"
+    if not image.exists():
+        yield root / name / "upper"
+        return
+    with mounted(image) as layers:
+        yield layers / "upper"

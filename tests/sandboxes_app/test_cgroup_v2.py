@@ -56,7 +56,7 @@ def test_readyz_says_when_sandboxes_run_unlimited(v2, anon, sandbox_root):
 
     limits = response.json()["sandboxLimits"]
     if COMPLETE:
-        assert limits == "enforced (cgroup v2)"
+        assert limits.startswith("enforced (cgroup v2); disk")
     else:
         assert limits.startswith("off: sandboxes run unlimited")
 

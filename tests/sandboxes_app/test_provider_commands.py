@@ -14,7 +14,7 @@ from sandboxes_app.providers.base import (
     SandboxNotRunning,
     SandboxStatus,
 )
-from tests.sandboxes_app.conftest import upper_dir
+from tests.sandboxes_app.conftest import host_upper
 
 
 @pytest.fixture
@@ -96,7 +96,8 @@ def test_cwd_outside_the_workspace_is_refused_before_anything_runs(
     with pytest.raises(ProviderError, match="outside /workspace"):
         provider.run(name=sandbox, argv=["touch", "/workspace/ran"], cwd=cwd)
 
-    assert not (upper_dir(sandbox_root, sandbox) / "ran").exists()
+    with host_upper(sandbox_root, sandbox) as upper:
+        assert not (upper / "ran").exists()
 
 
 def test_a_timeout_kills_the_whole_tree_grandchildren_included(provider, sandbox):

@@ -16,7 +16,7 @@ from django.conf import settings
 
 from sandboxes_app.providers.base import ProviderError
 from sandboxes_app.providers.local import LocalProvider
-from tests.sandboxes_app.conftest import upper_dir
+from tests.sandboxes_app.conftest import host_upper
 
 
 @pytest.fixture
@@ -48,8 +48,8 @@ def test_commands_run_as_the_configured_ids_which_own_the_workspace(
     result = sh(provider, name, "id -u; id -g; id -un; touch made-inside")
 
     assert result.stdout.split() == ["4321", "4322", "sandbox"], result.stderr
-    upper = upper_dir(sandbox_root, name)
-    owners = {(p.lstat().st_uid, p.lstat().st_gid) for p in [upper, *upper.rglob("*")]}
+    with host_upper(sandbox_root, name) as upper:
+        owners = {(p.lstat().st_uid, p.lstat().st_gid) for p in [upper, *upper.rglob("*")]}
     assert owners == {(4321, 4322)}
 
 
@@ -113,17 +113,17 @@ def test_its_etc_is_minimal_and_names_the_sandbox_user(provider, sandbox):
 def test_it_cannot_see_the_data_dir_or_another_sandbox(provider, source, sandbox, new_name):
     other = new_name()
     provider.create(name=other, source=source)
-    other_upper = upper_dir(settings.SANDBOX_ROOT, other)
-    (other_upper / "secret.txt").write_text("other sandbox's file")
+    with host_upper(settings.SANDBOX_ROOT, other) as other_upper:
+        (other_upper / "secret.txt").write_text("other sandbox's file")
 
-    for path in (settings.DATA_DIR, settings.SANDBOX_ROOT, other_upper):
-        assert provider.run(name=sandbox, argv=["ls", str(path)]).exit_code != 0, path
-    read = provider.run(name=sandbox, argv=["cat", f"{other_upper}/secret.txt"])
-    write = sh(provider, sandbox, f"echo pwned > {other_upper}/pwned.txt")
-    search = sh(provider, sandbox, "find / -name secret.txt -not -path '/proc/*' 2>/dev/null")
+        for path in (settings.DATA_DIR, settings.SANDBOX_ROOT, other_upper):
+            assert provider.run(name=sandbox, argv=["ls", str(path)]).exit_code != 0, path
+        read = provider.run(name=sandbox, argv=["cat", f"{other_upper}/secret.txt"])
+        write = sh(provider, sandbox, f"echo pwned > {other_upper}/pwned.txt")
+        search = sh(provider, sandbox, "find / -name secret.txt -not -path '/proc/*' 2>/dev/null")
 
-    assert read.exit_code != 0 and "other sandbox's file" not in read.stdout
-    assert write.exit_code != 0 and not (other_upper / "pwned.txt").exists()
+        assert read.exit_code != 0 and "other sandbox's file" not in read.stdout
+        assert write.exit_code != 0 and not (other_upper / "pwned.txt").exists()
     assert search.stdout == ""
 
 

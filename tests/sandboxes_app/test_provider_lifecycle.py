@@ -12,7 +12,7 @@ import pytest
 
 from sandboxes_app.providers.base import GitSource, ProviderError, SandboxStatus
 from sandboxes_app.providers.local import LocalProvider
-from tests.sandboxes_app.conftest import upper_dir
+from tests.sandboxes_app.conftest import host_upper
 
 
 def test_it_clones_the_default_branch(provider, origins, new_name):
@@ -51,7 +51,8 @@ def test_status_follows_the_lifecycle(provider, source, new_name, sandbox_root):
     provider.stop(name=name)
     provider.stop(name=name)
     assert provider.status(name=name) == SandboxStatus.STOPPED
-    assert upper_dir(sandbox_root, name).joinpath("README.md").exists()
+    with host_upper(sandbox_root, name) as upper:
+        assert upper.joinpath("README.md").exists()
 
     provider.destroy(name=name)
     provider.destroy(name=name)
@@ -100,7 +101,8 @@ def test_the_token_stays_out_of_the_workspace_and_the_sandbox(
 
     provider.create(name=name, source=dataclasses.replace(source, token=TOKEN))
 
-    config = upper_dir(sandbox_root, name).joinpath(".git", "config").read_text()
+    with host_upper(sandbox_root, name) as upper:
+        config = upper.joinpath(".git", "config").read_text()
     assert "url = " in config and TOKEN not in config and "extraheader" not in config.lower()
     env = provider.run(name=name, argv=["sh", "-c", "env; cat /proc/*/environ"]).stdout
     assert TOKEN not in env and "GIT_CONFIG" not in env

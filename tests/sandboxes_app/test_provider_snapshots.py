@@ -17,7 +17,7 @@ from sandboxes_app.providers.base import (
 )
 from sandboxes_app.providers.local_layout import read_json
 from sandboxes_app.providers.local_workspace import tree_bytes
-from tests.sandboxes_app.conftest import upper_dir
+from tests.sandboxes_app.conftest import host_upper
 
 # Every kind of entry a workspace holds, made by the sandbox user inside the sandbox.
 BUILD_TREE = r"""
@@ -169,13 +169,14 @@ def test_creating_from_a_base_shares_its_files_instead_of_copying(
     info = provider.create(name=name, source=source, base=base)
 
     assert info.boot == "base" and info.details["fast_forwarded"] is False
-    upper = upper_dir(sandbox_root, name)
-    assert tree_bytes(upper) < 100_000
+    with host_upper(sandbox_root, name) as upper:
+        assert tree_bytes(upper) < 100_000
     digest = provider.run(name=name, argv=["sha256sum", "data/blob.bin"]).stdout.split()[0]
     assert digest == hashlib.sha256(payload).hexdigest()
     # Writing one file copies just that file up.
     provider.run(name=name, argv=["sh", "-c", "echo changed >> README.md"])
-    assert tree_bytes(upper) < 100_000
+    with host_upper(sandbox_root, name) as upper:
+        assert tree_bytes(upper) < 100_000
 
 
 def test_creating_from_a_stale_base_fast_forwards_to_the_origin(
@@ -193,7 +194,8 @@ def test_creating_from_a_stale_base_fast_forwards_to_the_origin(
     assert provider.run(name=name, argv=["cat", "NEW.md"]).stdout == "added after the base\n"
     assert provider.run(name=name, argv=["git", "status", "--porcelain"]).stdout == ""
     # What git wrote during the fast-forward belongs to the sandbox user.
-    owners = {p.stat().st_uid for p in upper_dir(sandbox_root, name).rglob("*") if p.is_file()}
+    with host_upper(sandbox_root, name) as upper:
+        owners = {p.stat().st_uid for p in upper.rglob("*") if p.is_file()}
     assert owners == {1000}
     assert (
         provider.run(name=name, argv=["git", "commit", "--allow-empty", "-qm", "x"]).exit_code == 0

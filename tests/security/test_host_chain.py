@@ -17,7 +17,8 @@ import pytest
 
 from sandboxes_app.providers.base import SandboxNotRunning
 from sandboxes_app.providers.local_commands import init_handles
-from tests.sandboxes_app.conftest import upper_dir
+from sandboxes_app.providers.local_layout import process_start_time
+from tests.sandboxes_app.conftest import host_upper
 
 # The programs of the chain, past and present; a fake of each one waits in the workspace.
 CHAIN = ("sh", "dash", "bash", "prlimit", "nsenter", "setpriv", "bwrap", "env", "unshare")
@@ -32,23 +33,25 @@ def _plant_fakes(directory: Path, marker: Path) -> None:
 
 
 def test_a_client_path_never_picks_a_host_program(provider, sandbox, sandbox_root, host_marker):
-    evil = upper_dir(sandbox_root, sandbox) / "evil"
-    _plant_fakes(evil, host_marker)
-    # The attacker names the workspace's host path (learnable from inside on the old code).
-    result = provider.run(
-        name=sandbox, argv=["echo", "ran"], env={"PATH": f"{evil}:/usr/bin:/bin"}, timeout_s=20
-    )
+    with host_upper(sandbox_root, sandbox) as upper:
+        evil = upper / "evil"
+        _plant_fakes(evil, host_marker)
+        # The attacker names the workspace's host path (learnable from inside on the old code).
+        result = provider.run(
+            name=sandbox, argv=["echo", "ran"], env={"PATH": f"{evil}:/usr/bin:/bin"}, timeout_s=20
+        )
 
     assert result.stdout == "ran\n", result.stderr
     assert not host_marker.exists()
 
 
 def test_the_client_path_still_applies_inside_the_sandbox(provider, sandbox, sandbox_root):
-    tools = upper_dir(sandbox_root, sandbox) / "tools"
-    tools.mkdir()
-    (tools / "mytool").write_text('#!/bin/sh\necho "mytool as $(id -u) in $PWD"\n')
-    (tools / "mytool").chmod(0o755)
-    os.chown(tools / "mytool", 1000, 1000)
+    with host_upper(sandbox_root, sandbox) as upper:
+        tools = upper / "tools"
+        tools.mkdir()
+        (tools / "mytool").write_text('#!/bin/sh\necho "mytool as $(id -u) in $PWD"\n')
+        (tools / "mytool").chmod(0o755)
+        os.chown(tools / "mytool", 1000, 1000)
 
     result = provider.run(
         name=sandbox,
@@ -91,12 +94,13 @@ def _build_library(source: bytes, *, marker: Path, dest: Path) -> None:
 def test_a_workspace_library_is_never_loaded_on_the_host(
     provider, sandbox, sandbox_root, host_marker, evil_library, variable
 ):
-    library = upper_dir(sandbox_root, sandbox) / "evil.so"
-    _build_library(evil_library, marker=host_marker, dest=library)
+    with host_upper(sandbox_root, sandbox) as upper:
+        library = upper / "evil.so"
+        _build_library(evil_library, marker=host_marker, dest=library)
 
-    result = provider.run(
-        name=sandbox, argv=["echo", "ran"], env={variable: str(library)}, timeout_s=20
-    )
+        result = provider.run(
+            name=sandbox, argv=["echo", "ran"], env={variable: str(library)}, timeout_s=20
+        )
 
     assert "ran" in result.stdout, result.stderr
     assert not host_marker.exists()
@@ -193,8 +197,10 @@ def test_a_reused_init_pid_never_takes_a_command_elsewhere(provider, sandbox, sa
     """The command enters the init by fds of its namespaces, checked to be the init's after
     they were opened: a host process that got the init's pid number is refused."""
     record = json.loads((sandbox_root / sandbox / "init.json").read_text())
+    time.sleep(0.05)  # start times count 10 ms ticks: the stranger must not share the init's
     stranger = subprocess.Popen(["sleep", "30"])
     try:
+        assert process_start_time(stranger.pid) != record["start_time"]
         reused = {**record, "pid": stranger.pid}  # its number, the init's start time
 
         with pytest.raises(SandboxNotRunning):

@@ -14,6 +14,7 @@ from django.conf import settings
 from sandboxes_app.providers.base import ProviderError
 from sandboxes_app.providers.local import LocalProvider
 from sandboxes_app.providers.local_identity import RANGE
+from tests.sandboxes_app.conftest import host_upper
 
 
 def sh(provider, name: str, script: str):
@@ -95,8 +96,9 @@ def test_a_resume_into_another_range_keeps_files_and_their_owner(
 
     assert after != before
     assert result.stdout == "mine\ndeep\n1000 sandbox\n1000 sandbox\n", result.stderr
-    on_disk = sandbox_root / resumed / "upper" / "made.txt"
-    assert (on_disk.stat().st_uid, on_disk.stat().st_gid) == (1000, 1000)
+    with host_upper(sandbox_root, resumed) as upper:
+        on_disk = (upper / "made.txt").stat()
+    assert (on_disk.st_uid, on_disk.st_gid) == (1000, 1000)
 
 
 def test_a_base_layer_is_writable_by_each_sandbox_on_it(provider, source, new_name):

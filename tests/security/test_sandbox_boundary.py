@@ -16,7 +16,7 @@ import pytest
 from django.core.files.storage import storages
 
 from sandboxes_app.providers.base import GitSource
-from tests.sandboxes_app.conftest import upper_dir
+from tests.sandboxes_app.conftest import host_upper
 
 
 def sh(provider, name: str, script: str):
@@ -124,9 +124,8 @@ def test_a_workspace_setuid_file_never_runs_with_raised_ids_on_the_host(
 ):
     made = sh(provider, sandbox, "cp /usr/bin/id suid-id && chmod 6755 suid-id && ls -l suid-id")
     assert made.stdout.startswith("-rwsr-sr-x"), made.stderr
-    path = upper_dir(sandbox_root, sandbox) / "suid-id"
-
-    result = _run_as_host_user(str(path), "-u")
+    with host_upper(sandbox_root, sandbox) as upper:
+        result = _run_as_host_user(str(upper / "suid-id"), "-u")
 
     assert result.stdout.strip() in ("", "65534"), result.stdout
     assert (sandbox_root.stat().st_mode & 0o777, sandbox_root.stat().st_uid) == (0o700, 0)
@@ -141,7 +140,8 @@ def test_a_setuid_file_stays_inert_after_a_snapshot_and_resume(
     provider.resume(name=resumed, snapshot=snap)
 
     inside = sh(provider, resumed, "./suid-id -u")
-    outside = _run_as_host_user(str(upper_dir(sandbox_root, resumed) / "suid-id"), "-u")
+    with host_upper(sandbox_root, resumed) as upper:
+        outside = _run_as_host_user(str(upper / "suid-id"), "-u")
 
     assert inside.stdout == "1000\n", inside.stderr  # nosuid inside: the caller's own uid
     assert outside.stdout.strip() in ("", "65534"), outside.stdout

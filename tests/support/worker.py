@@ -29,7 +29,13 @@ class Worker:
 
     def __init__(self, env: dict[str, str], log_path: Path, queue: str | None = None) -> None:
         self.queue = queue or f"test-{uuid.uuid4().hex[:12]}"
-        self.env = {**os.environ, "DATABASE_URL": test_database_url(), **env}
+        # What the worker itself enqueues (the sweep's recoveries) goes to its own queue too.
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": test_database_url(),
+            "CELERY_TASK_DEFAULT_QUEUE": self.queue,
+            **env,
+        }
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
         self.default_queue = celery_app.conf.task_default_queue
