@@ -136,6 +136,10 @@ WEB_THREADS = env_int("WEB_THREADS", 128, minimum=1)
 # Of those, how many may wait on sandboxes (commands, provisioning) at once; past it a new wait
 # answers 503 with Retry-After, so the rest stay free for other requests.
 WEB_MAX_WAITING = env_int("WEB_MAX_WAITING", max(1, WEB_THREADS - 16), minimum=1)
+# Event and log streams take those slots too (recoup.streams); each ends after
+# STREAM_MAX_SECONDS, so threads come back, and the client reconnects with Last-Event-ID.
+STREAM_MAX_SECONDS = env_int("STREAM_MAX_SECONDS", 300, minimum=1)
+STREAM_KEEPALIVE_SECONDS = env_int("STREAM_KEEPALIVE_SECONDS", 15, minimum=1)
 # The queue web and beat send to and the worker consumes (one deployment per queue on a shared
 # broker).
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "celery")

@@ -24,7 +24,7 @@ def waiting_slot() -> Iterator[None]:
     with _lock:
         if _waiting >= settings.WEB_MAX_WAITING:
             raise ServiceUnavailable(
-                f"This server is waiting on {_waiting} sandbox commands and provisionings "
+                f"This server is waiting on {_waiting} sandbox commands, provisionings and streams "
                 "already; retry shortly",
                 retry_after=2,
             )

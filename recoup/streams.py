@@ -1,0 +1,91 @@
+"""Long-lived responses (server-sent events, ndjson): what every stream shares.
+
+A stream holds one gunicorn thread for its life, as a waiting command does, so it takes one of
+the process's WEB_MAX_WAITING slots (recoup.waits): past the ceiling a new stream answers 503
+with Retry-After at once, and the remaining threads stay free for short requests. It holds no
+database connection while it waits, sends a keep-alive comment every STREAM_KEEPALIVE_SECONDS
+(which is also how a vanished client is noticed: the write fails and the stream closes), and
+ends after STREAM_MAX_SECONDS so threads come back; a client reconnects with Last-Event-ID.
+"""
+
+import json
+import time
+from collections.abc import Callable, Iterator
+
+from django.conf import settings
+from django.http import HttpRequest, StreamingHttpResponse
+
+from recoup.db import release_db_connection
+from recoup.waits import waiting_slot
+
+SSE = "text/event-stream"
+NDJSON = "application/x-ndjson"
+KEEPALIVE = b": keep-alive\n\n"
+
+
+def sse_event(*, event: str, data: dict, id: str | int | None = None) -> bytes:
+    """One event; `data` is JSON on one line, so it never needs splitting across data: lines."""
+    head = f"id: {id}\n" if id is not None else ""
+    body = json.dumps(data, separators=(",", ":"))
+    return f"{head}event: {event}\ndata: {body}\n\n".encode()
+
+
+def ndjson_line(data: dict) -> bytes:
+    return json.dumps(data, separators=(",", ":")).encode() + b"\n"
+
+
+def wants_ndjson(request: HttpRequest) -> bool:
+    accept = request.headers.get("Accept", "")
+    return NDJSON in accept and SSE not in accept
+
+
+def last_event_id(request: HttpRequest) -> str | None:
+    """The id an EventSource sends on reconnect (or `lastEventId` in the query, for clients
+    that cannot set headers)."""
+    value = request.headers.get("Last-Event-ID") or request.GET.get("lastEventId")
+    return value.strip() if value and value.strip() else None
+
+
+def stream_deadline() -> float:
+    return time.monotonic() + settings.STREAM_MAX_SECONDS
+
+
+def stream_response(chunks: Iterator[bytes], *, content_type: str) -> StreamingHttpResponse:
+    """`chunks` as a streaming response holding a waiting slot until it is closed (by its end,
+    a client that went away, or a response that was never sent). Raises the 503 now, before
+    any byte is sent, when the process already waits on WEB_MAX_WAITING things."""
+    slot = waiting_slot()
+    slot.__enter__()
+    release_db_connection()
+    response = StreamingHttpResponse(
+        _Held(chunks, release=lambda: slot.__exit__(None, None, None)),
+        content_type=content_type,
+    )
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # a proxy in front must not buffer the stream
+    return response
+
+
+class _Held:
+    """An iterator that gives its slot back exactly once, on close, even if never iterated (a
+    generator's `finally` would not run then)."""
+
+    def __init__(self, chunks: Iterator[bytes], *, release: Callable[[], None]) -> None:
+        self._chunks = chunks
+        self._release: Callable[[], None] | None = release
+
+    def __iter__(self) -> "_Held":
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._chunks, "close", None)
+            if close is not None:
+                close()
+        finally:
+            release, self._release = self._release, None
+            if release is not None:
+                release()
