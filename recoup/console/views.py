@@ -112,5 +112,7 @@ def session_page(request: HttpRequest, session_id: str) -> HttpResponse:
             else ""
         ),
         "history": selectors.console_session_history(session=session),
+        # How the API records this account's own actions (sandboxes_app.views.actor_of).
+        "own_actor": f"api:{account.pk}",
     }
     return render(request, "console/session.html", context)

@@ -1,7 +1,7 @@
 // The console's session page: a state badge fed by the lifecycle event stream, the sandbox
 // flow (start, loading with progress, ready, hibernated, resume), a command box with streamed
-// output, and new rows of the lifecycle history. Every action is a call to the REST API with the
-// console's session cookie and CSRF token. Text from the server is only ever set as textContent.
+// output, and the lifecycle history kept current. Every action is a call to the REST API with the
+// console's session cookie and CSRF token. Text from the API is only ever set as textContent.
 // Where a stream endpoint is missing (404), the page falls back to polling and plain commands.
 (function () {
   "use strict";
@@ -30,6 +30,7 @@
     error: root.dataset.error || "",
     progress: null, // {phase, percent} while a provisioning reports one
     pending: false, // an action of this page is in flight
+    requested: false, // a hibernation was accepted and the worker has not started it yet
   };
 
   // --- the REST API ---------------------------------------------------------------------
@@ -73,7 +74,10 @@
 
   function render() {
     const state = shownState();
-    const [label, message, actions] = FLOW[state] || [state, state, []];
+    let [label, message, actions] = FLOW[state] || [state, state, []];
+    if (state === "active" && view.requested) {
+      [message, actions] = ["Hibernation requested: the worker saves a snapshot shortly…", []];
+    }
     const badge = $("badge");
     badge.textContent = label;
     badge.dataset.state = state;
@@ -99,7 +103,7 @@
     $("start").textContent = state === "failed" ? "Try again" : "Start sandbox";
     const repoNeeded = !root.dataset.repoUrl && (state === "new" || state === "failed");
     $("repo-field").hidden = !repoNeeded;
-    const ready = state === "active";
+    const ready = state === "active" && !view.requested;
     $("command").disabled = !ready;
     $("run").disabled = !ready || running !== null;
   }
@@ -110,6 +114,10 @@
     if (known && version < view.version) return;
     // While an action runs, the page shows what it started; the server confirms by a new version.
     if (known && version === view.version && view.pending) return;
+    if (known && version > view.version) {
+      view.requested = false;
+      refreshHistory();
+    }
     if (known) view.version = version;
     if (state !== view.state) view.progress = null;
     view.state = state;
@@ -165,25 +173,29 @@
   $("start").addEventListener("click", startOrResume);
   $("resume").addEventListener("click", startOrResume);
   $("hibernate").addEventListener("click", () =>
-    act(async () => applyStatus((await api("POST", "/api/sandbox/hibernate", { sessionId })).data))
+    act(async () => {
+      const body = (await api("POST", "/api/sandbox/hibernate", { sessionId })).data;
+      if (body.lifecycleVersion === view.version) view.requested = true; // the worker's to do
+      applyStatus(body);
+    })
   );
 
   // --- the lifecycle: events, or polling when the stream is unavailable --------------------
-  function addHistoryRow(event) {
-    const body = $("history").tBodies[0];
-    if (body.querySelector('tr[data-version="' + Number(event.version) + '"]')) return;
-    const empty = body.querySelector("tr.empty");
-    if (empty) empty.remove();
-    const row = document.createElement("tr");
-    row.dataset.version = String(Number(event.version));
-    const at = new Date(event.at);
-    const when = isNaN(at) ? String(event.at) : at.toISOString().replace("T", " ").replace("Z", "");
-    for (const text of [when, event.fromState || "—", event.state, event.reason, "", event.version]) {
-      const cell = document.createElement("td");
-      cell.textContent = text === undefined || text === null ? "" : String(text);
-      row.appendChild(cell);
-    }
-    body.insertBefore(row, body.firstChild);
+  // The history is the server's: on a new version, the page's own table is fetched again and
+  // swapped in. DOMParser runs no script, and every value in it was escaped by the template.
+  let historyLoading = null;
+  async function refreshHistory() {
+    if (historyLoading) return historyLoading.then(refreshHistory);
+    historyLoading = (async () => {
+      const response = await fetch(window.location.pathname, { credentials: "same-origin" });
+      if (!response.ok) return;
+      const page = new DOMParser().parseFromString(await response.text(), "text/html");
+      const fresh = page.querySelector("#history tbody");
+      if (fresh) $("history").replaceChild(document.adoptNode(fresh), $("history").tBodies[0]);
+    })()
+      .catch(() => {})
+      .finally(() => (historyLoading = null));
+    return historyLoading;
   }
 
   let pollTimer = null;
@@ -201,7 +213,6 @@
     });
     events.addEventListener("transition", (m) => {
       const d = data(m);
-      addHistoryRow(d);
       applyState(d.state, d.version);
     });
     events.addEventListener("progress", (m) => {
