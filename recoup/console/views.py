@@ -16,6 +16,7 @@ from django.views.decorators.http import require_GET, require_POST
 from recoup.console import selectors
 from recoup.console.auth import console_account, console_sign_in, console_sign_out
 from recoup.console.forms import NewSessionForm, SignInForm
+from recoup.errors import ApplicationError
 from sessions_app.services import session_create
 
 BAD_KEY = "That API key is not valid: it is unknown, revoked or expired."
@@ -85,12 +86,17 @@ def new_session(request: HttpRequest) -> HttpResponse:
     form = NewSessionForm(request.POST, account=account)
     if not form.is_valid():
         return _sessions_page(request, form, status=400)
-    session = session_create(
-        account=account,
-        title=form.cleaned_data["title"],
-        organization_id=uuid.UUID(org) if (org := form.cleaned_data["organization"]) else None,
-        repo=form.cleaned_data["repo_url"],
-    )
+    org = form.cleaned_data["organization"]
+    try:
+        session = session_create(
+            account=account,
+            title=form.cleaned_data["title"],
+            organization_id=uuid.UUID(org) if org else None,
+            repo=form.cleaned_data["repo_url"],
+        )
+    except ApplicationError as exc:  # say, the membership ended since the form was shown
+        form.add_error(None, str(exc.detail))
+        return _sessions_page(request, form, status=400)
     return redirect("console:session", session_id=session.id)
 
 

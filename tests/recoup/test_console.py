@@ -178,6 +178,25 @@ def test_an_organization_the_account_is_not_in_is_refused(owner, stranger):
 
 
 @pytest.mark.django_db
+def test_a_membership_that_ended_after_the_form_was_shown_is_refused(owner, org):
+    from recoup.accounts.models import Membership
+
+    client = sign_in(owner.raw_key)
+    token = page_token(client)  # the form offers the organization
+    Membership.objects.filter(account=owner.account).delete()
+    response = client.post(
+        "/sessions",
+        {
+            "repo_url": "https://github.com/acme/app",
+            "organization": str(org.id),
+            "csrfmiddlewaretoken": token,
+        },
+    )
+    assert response.status_code == 400
+    assert not Session.objects.exists()
+
+
+@pytest.mark.django_db
 def test_signed_out_pages_lead_to_the_sign_in_form(owner):
     session = session_create(account=owner.account, title="t")
     client = Client()
