@@ -1,5 +1,6 @@
 """drf-spectacular pieces: one authentication extension per auth class, the error envelopes."""
 
+from django.conf import settings
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
@@ -22,6 +23,20 @@ class BearerAuthScheme(OpenApiAuthenticationExtension):
             "type": "http",
             "scheme": "bearer",
             "description": "An API key (`recoup_sk_...`) or an OIDC JWT when OIDC is configured.",
+        }
+
+
+class ConsoleSessionAuthScheme(OpenApiAuthenticationExtension):
+    target_class = "recoup.console.auth.ConsoleSessionAuthentication"
+    name = "ConsoleSession"
+
+    def get_security_definition(self, auto_schema: object) -> dict:
+        return {
+            "type": "apiKey",
+            "in": "cookie",
+            "name": settings.SESSION_COOKIE_NAME,
+            "description": "The console's session, after signing in at `/` with an API key. "
+            "Unsafe methods also need the CSRF token in `X-CSRFToken` (403 without it).",
         }
 
 

@@ -28,6 +28,9 @@ SECRET_KEY = env_str("SECRET_KEY", "") or persistent_secret(DATA_DIR / "secret_k
 API_KEY_PEPPER = env_str("API_KEY_PEPPER", "") or SECRET_KEY
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+# Origins (https://console.example.com) the console's forms and API calls may come from when a
+# TLS proxy in front makes the browser's origin differ from what Django sees.
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -41,6 +44,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "recoup",
     "recoup.accounts",
+    "recoup.console",
     "sessions_app",
     "sandboxes_app",
     "lifecycle",
@@ -169,6 +173,8 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "recoup.accounts.authentication.ApiKeyHeaderAuthentication",
         "recoup.accounts.authentication.BearerAuthentication",
+        # The console's pages call the API with their session cookie (CSRF enforced).
+        "recoup.console.auth.ConsoleSessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_THROTTLE_CLASSES": ["recoup.throttling.AccountRateThrottle"],

@@ -16,6 +16,7 @@ urlpatterns = [
     path("api/", include("sessions_app.urls")),
     path("api/", include("sandboxes_app.urls")),
     re_path(r"^api/", api_not_found),
+    path("", include("recoup.console.urls")),
 ]
 
 if settings.SERVE_STATIC:

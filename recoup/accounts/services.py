@@ -68,23 +68,46 @@ def api_key_issue(
     return IssuedKey(api_key=api_key, raw_key=raw)
 
 
-def api_key_authenticate(*, raw_key: str) -> Account | None:
-    """The account a raw key belongs to, or None when it is unknown, expired or revoked."""
+def api_key_verify(*, raw_key: str) -> ApiKey | None:
+    """The live key a raw key is (its account loaded), or None when it is unknown, expired or
+    revoked."""
     if not looks_like_key(raw_key):
         return None
     digest = key_digest(raw_key)
     api_key = ApiKey.objects.select_related("account").filter(digest=digest).first()
     if api_key is None or not hmac.compare_digest(api_key.digest, digest):
         return None
+    if not _api_key_touch(api_key):
+        return None
+    return api_key
+
+
+def api_key_authenticate(*, raw_key: str) -> Account | None:
+    """The account a raw key belongs to, or None when it is unknown, expired or revoked."""
+    api_key = api_key_verify(raw_key=raw_key)
+    return None if api_key is None else api_key.account
+
+
+def api_key_live(*, key_id: int) -> ApiKey | None:
+    """The key with this id (its account loaded) while it is neither revoked nor expired: how a
+    console session, which keeps the key's id rather than the key, is checked on each request."""
+    api_key = ApiKey.objects.select_related("account").filter(id=key_id).first()
+    if api_key is None or not _api_key_touch(api_key):
+        return None
+    return api_key
+
+
+def _api_key_touch(api_key: ApiKey) -> bool:
+    """Whether the key is live; if so, note its use (at most one write a minute)."""
     now = timezone.now()
     if api_key.revoked_at is not None or (api_key.expires_at and api_key.expires_at <= now):
-        return None
+        return False
     if api_key.last_used_at is None or now - api_key.last_used_at >= LAST_USED_RESOLUTION:
         # Conditional update: concurrent requests in the same minute write once.
         ApiKey.objects.filter(id=api_key.id).filter(
             Q(last_used_at__isnull=True) | Q(last_used_at__lte=now - LAST_USED_RESOLUTION)
         ).update(last_used_at=now)
-    return api_key.account
+    return True
 
 
 def api_key_revoke(*, prefix_or_id: str) -> int:

@@ -108,7 +108,8 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         self.stdout.write(
-            f"recoup is up on http://{host}:{port}/ (docs at /api/docs/, admin at /admin/)\n"
+            f"recoup is up on http://{host}:{port}/ (the console; docs at /api/docs/, "
+            "admin at /admin/)\n"
             f"data dir: {settings.DATA_DIR}  database: {settings.DATABASES['default']['ENGINE']}"
             f"  broker: {settings.CELERY_BROKER_URL.split('://')[0]}\n"
             f"demo account: {account.email} in organization {org}\n"
