@@ -205,9 +205,24 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"line": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "line"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "line"},
+        "null": {"class": "logging.NullHandler"},
+    },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.request": {"level": "ERROR"}},
+    "loggers": {
+        # One line per request: recoup.request's. django.request still logs a 500's traceback;
+        # runserver's own line per request (django.server) is dropped, and gunicorn's access
+        # log stays off (manage.py web).
+        "django.request": {"level": "ERROR"},
+        "django.server": {"handlers": ["null"], "propagate": False},
+        # One line per task: recoup.task's. Celery's "received" and "succeeded" lines, and
+        # beat's "sending due task" every LIFECYCLE_SWEEP_INTERVAL, say it again; their
+        # warnings and errors (a task that raised) still show.
+        "celery.worker.strategy": {"level": "WARNING"},
+        "celery.app.trace": {"level": "WARNING"},
+        "celery.beat": {"level": "WARNING"},
+    },
 }
 
 # --- Sandboxes (issue 2/4 onward) ---------------------------------------------------------
