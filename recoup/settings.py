@@ -104,8 +104,10 @@ STATIC_ROOT = DATA_DIR / "static"
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
 
 # --- Celery -------------------------------------------------------------------------------
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "") or "filesystem://"
-if CELERY_BROKER_URL == "filesystem://":
+# The host part means nothing to the filesystem transport, but without one kombu warns on
+# every message sent ("No hostname was supplied"), a second log line for such requests.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "") or "filesystem://localhost/"
+if CELERY_BROKER_URL.startswith("filesystem://"):
     _queue_dir = DATA_DIR / "broker" / "queue"
     _processed_dir = DATA_DIR / "broker" / "processed"
     # kombu otherwise writes its control (broadcast) files to ./control in the cwd.
