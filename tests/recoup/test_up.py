@@ -4,6 +4,7 @@ error and a non-zero exit."""
 
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -78,6 +79,49 @@ def test_the_demo_repo_walkthrough_runs_offline_as_printed_and_a_restart_keeps_t
             assert "hibernated 2 sandbox(es)" in second.stop()
         assert second.process.returncode == 0
         assert [p for p in (data / "sandboxes").iterdir() if not p.name.startswith("_")] == []
+    finally:
+        destroy_all_sandboxes(data)
+
+
+def readme_walkthrough(*, api: str, organization_id: str) -> str:
+    """The README walkthrough's shell block, with this service's address and organization."""
+    readme = (ROOT / "README.md").read_text()
+    walkthrough = readme[readme.index("## Walkthrough") :]
+    block = walkthrough[walkthrough.index("```sh\nexport API=") + len("```sh\n") :]
+    block = block[: block.index("```")]
+    assert "export API=http://127.0.0.1:8000\n" in block and "export ORG=...  " in block
+    return block.replace("export API=http://127.0.0.1:8000", f"export API={api}").replace(
+        "export ORG=...", f"export ORG={organization_id}"
+    )
+
+
+def test_the_readme_walkthrough_runs_offline_as_written(tmp_path):
+    data = tmp_path / "data"
+    try:
+        up = Up(
+            data, "--demo-repo", "--hibernate-on-exit", SANDBOX_GIT_BASE_URL="http://127.0.0.1:9"
+        )
+        try:
+            (organization_id,) = re.findall(r"\(organizationId (\S+)\)", "\n".join(up.banner))
+            script = readme_walkthrough(api=up.base, organization_id=organization_id)
+            result = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", script],
+                cwd=ROOT,
+                env=embedded_env(data),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            said = result.stdout
+            assert result.returncode == 0 and result.stderr == "", (result.stderr, said)
+            assert '"error"' not in said, said
+            assert "A demo repository for recoup" in said  # the command's git log
+            assert '"status":"connected"' in said  # the reconnect probe
+            assert '"sandboxStatus":"stopped"' in said  # the one-shot's destroy
+        finally:
+            stopped = up.stop()
+        # The first session, resumed after its hibernation, and the organization's.
+        assert "hibernated 2 sandbox(es)" in stopped
     finally:
         destroy_all_sandboxes(data)
 
