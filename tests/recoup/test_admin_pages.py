@@ -115,3 +115,9 @@ def test_the_admin_says_it_is_recoups_and_names_its_sections(operator):
     assert "recoup operations" in page and "Django administration" not in page
     for section in ("Accounts", "Sessions", "Sandboxes", "Lifecycle"):
         assert f'title="Models in the {section} application"' in page, section
+
+
+def test_the_organization_list_shows_the_id_sessions_are_created_with(operator, org):
+    page = operator.get(admin_url(Organization, "changelist")).content.decode()
+
+    assert f'<td class="field-id">{org.id}</td>' in page
