@@ -262,11 +262,13 @@ def _wait_until_answering(
 ) -> str | None:
     """None once `url` answers 200 (or a stop was asked for); else why it never will."""
     deadline = time.monotonic() + ANSWER_TIMEOUT
+    # Straight to the server: an http_proxy in the environment must not answer for it.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     while not stopping():
         if any(child.poll() is not None for child in children.values()):
             return f"{_exited(children)} before the web server answered"
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
+            with opener.open(url, timeout=2) as response:
                 if response.status == 200:
                     return None
         except (OSError, urllib.error.URLError):
