@@ -5,6 +5,7 @@ message delays hibernation by one dispatch grace, never forever. Each lookup is 
 partial index on the live rows only, so its cost does not grow with hibernated history.
 """
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -98,11 +99,32 @@ def sessions_claim_due(*, limit: int) -> list[Due]:
     return claimed
 
 
-def sweep_dispatch(*, limit: int, enqueue: Callable[[Due], None]) -> int:
-    """Claim due sessions and enqueue one task each; returns how many were dispatched."""
+def sweep_run(*, limit: int, enqueue: Callable[[Due], None]) -> int:
+    """Beat's frequent sweep: claim due sessions and enqueue one task each, expire one-shot
+    sandboxes, reap dead base builds. Returns how many sessions were dispatched.
+
+    It runs every LIFECYCLE_SWEEP_INTERVAL (5 s), so it logs one line when it did something
+    and nothing when it did not: an idle service's log stays quiet.
+    """
     due = sessions_claim_due(limit=limit)
     for item in due:
         enqueue(item)
+    expired = oneshot_sandboxes_expire(limit=limit)
+    reaped = base_builds_reap()
+    if due or expired or reaped:
+        dispatched: dict[str, list[str]] = {}
+        for item in due:
+            dispatched.setdefault(item.reason, []).append(item.session_id)
+        logger.info(
+            json.dumps(
+                {
+                    "event": "sweep",
+                    "dispatched": dispatched,
+                    "oneshots_expired": expired,
+                    "builds_reaped": reaped,
+                }
+            )
+        )
     return len(due)
 
 

@@ -43,13 +43,12 @@ def _enqueue(due: sweeps.Due) -> None:
         )
 
 
-@shared_task(name="lifecycle.sweep", ignore_result=True)
+# quiet: no per-task log line when it succeeds; the sweep logs what it did (recoup.celery).
+@shared_task(name="lifecycle.sweep", ignore_result=True, quiet=True)
 def sweep() -> None:
     """Beat's frequent sweep. A full batch re-enqueues the sweep to drain the backlog."""
     limit = settings.LIFECYCLE_SWEEP_BATCH
-    dispatched = sweeps.sweep_dispatch(limit=limit, enqueue=_enqueue)
-    sweeps.oneshot_sandboxes_expire(limit=limit)
-    sweeps.base_builds_reap()
+    dispatched = sweeps.sweep_run(limit=limit, enqueue=_enqueue)
     if dispatched >= limit:
         sweep.delay()
 

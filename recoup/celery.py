@@ -35,8 +35,14 @@ def _task_started(task_id: str, task: object, args: tuple, **kwargs: object) -> 
 def _task_finished(
     task_id: str, task: object, args: tuple, kwargs: dict, state: str, **extra: object
 ) -> None:
-    """One structured line per task, with the session id when the task is about one."""
+    """One structured line per task, with the session id when the task is about one.
+
+    A `quiet` task (the sweep, every few seconds) logs its own line when it did something;
+    only its failures are logged here.
+    """
     started = _started.pop(task_id, None)
+    if getattr(task, "quiet", False) and state == "SUCCESS":
+        return
     first = args[0] if args else None
     logger.info(
         json.dumps(

@@ -108,8 +108,10 @@ STATIC_ROOT = DATA_DIR / "static"
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
 
 # --- Celery -------------------------------------------------------------------------------
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "") or "filesystem://"
-if CELERY_BROKER_URL == "filesystem://":
+# The host part means nothing to the filesystem transport, but without one kombu warns on
+# every message sent ("No hostname was supplied"), a second log line for such requests.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "") or "filesystem://localhost/"
+if CELERY_BROKER_URL.startswith("filesystem://"):
     _queue_dir = DATA_DIR / "broker" / "queue"
     _processed_dir = DATA_DIR / "broker" / "processed"
     # kombu otherwise writes its control (broadcast) files to ./control in the cwd.
@@ -215,9 +217,24 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"line": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "line"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "line"},
+        "null": {"class": "logging.NullHandler"},
+    },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.request": {"level": "ERROR"}},
+    "loggers": {
+        # One line per request: recoup.request's. django.request still logs a 500's traceback;
+        # runserver's own line per request (django.server) is dropped, and gunicorn's access
+        # log stays off (manage.py web).
+        "django.request": {"level": "ERROR"},
+        "django.server": {"handlers": ["null"], "propagate": False},
+        # One line per task: recoup.task's. Celery's "received" and "succeeded" lines, and
+        # beat's "sending due task" every LIFECYCLE_SWEEP_INTERVAL, say it again; their
+        # warnings and errors (a task that raised) still show.
+        "celery.worker.strategy": {"level": "WARNING"},
+        "celery.app.trace": {"level": "WARNING"},
+        "celery.beat": {"level": "WARNING"},
+    },
 }
 
 # --- Sandboxes (issue 2/4 onward) ---------------------------------------------------------

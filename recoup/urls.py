@@ -7,6 +7,11 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from recoup.errors import api_not_found
 from recoup.health import healthz, readyz
 
+# The operator's admin says whose it is (Django's defaults read "Django administration").
+admin.site.site_header = "recoup operations"
+admin.site.site_title = "recoup admin"
+admin.site.index_title = "Sessions, sandboxes and accounts"
+
 urlpatterns = [
     path("healthz", healthz),
     path("readyz", readyz),

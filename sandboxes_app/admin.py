@@ -8,6 +8,7 @@ from sandboxes_app.checks import sandbox_limits
 from sandboxes_app.models import Sandbox, Snapshot
 from sandboxes_app.oneshots import oneshot_sandbox_destroy
 from sandboxes_app.providers.base import ProviderError, get_provider
+from sandboxes_app.selectors import legacy_sandbox_status
 
 
 @admin.register(Sandbox)
@@ -17,7 +18,7 @@ class SandboxAdmin(admin.ModelAdmin):
         "session",
         "account",
         "provider",
-        "status",
+        "state",
         "boot",
         "repo_full_name",
         "created_at",
@@ -36,6 +37,15 @@ class SandboxAdmin(admin.ModelAdmin):
     readonly_fields = [f.name for f in Sandbox._meta.fields]
     list_select_related = ["account", "session"]
     actions = ["destroy_oneshots"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # sandboxes are created through the API
+
+    @admin.display(description="status", ordering="status")
+    def state(self, sandbox: Sandbox) -> str:
+        """What the API reports: a session's live sandbox follows its session's lifecycle (the
+        row still says "running" while a failed session keeps its workspace)."""
+        return legacy_sandbox_status(sandbox)
 
     @admin.action(description="Destroy selected one-shot sandboxes (processes and disk)")
     def destroy_oneshots(self, request: HttpRequest, queryset: QuerySet[Sandbox]) -> None:
@@ -84,6 +94,9 @@ class SnapshotAdmin(admin.ModelAdmin):
     search_fields = ["storage_key", "repo_full_name", "account__email", "session__id"]
     readonly_fields = [f.name for f in Snapshot._meta.fields]
     actions = ["verify"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # snapshots are written by hibernations and base builds
 
     @admin.display(description="age")
     def age(self, obj: Snapshot) -> str:

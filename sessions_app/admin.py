@@ -4,22 +4,11 @@ from django.contrib import admin, messages
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
+from django.utils.html import format_html
 
-from lifecycle.models import LifecycleEvent
+from lifecycle.admin import LifecycleEventInline
 from lifecycle.states import LifecycleState as S
 from sessions_app.models import Session
-
-
-class LifecycleEventInline(admin.TabularInline):
-    model = LifecycleEvent
-    extra = 0
-    can_delete = False
-    fields = ["created_at", "from_state", "to_state", "version", "reason", "actor", "error"]
-    readonly_fields = fields
-    ordering = ["-created_at", "-id"]
-
-    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
 
 
 class NeedsAttentionFilter(admin.SimpleListFilter):
@@ -51,25 +40,46 @@ class NeedsAttentionFilter(admin.SimpleListFilter):
         return queryset
 
 
+class SessionStatusFilter(admin.ChoicesFieldListFilter):
+    """The contract's session status, named so it is not taken for the sandbox's state."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.title = "session status"
+
+
 @admin.register(Session)
 class SessionAdmin(admin.ModelAdmin):
     list_display = [
         "id",
         "title",
         "account",
-        "status",
-        "lifecycle_state",
+        "state",
         "lifecycle_version",
         "hibernate_after",
         "sandbox_expires_at",
         "updated_at",
     ]
-    list_filter = [NeedsAttentionFilter, "status", "lifecycle_state"]
+    list_filter = [NeedsAttentionFilter, "lifecycle_state", ("status", SessionStatusFilter)]
     search_fields = ["id", "title", "account__email"]
     readonly_fields = [f.name for f in Session._meta.fields]
     list_select_related = ["account"]
     inlines = [LifecycleEventInline]
     actions = ["hibernate_now", "archive", "resume"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # sessions are created through the API, by their account
+
+    @admin.display(description="state", ordering="lifecycle_state")
+    def state(self, session: Session) -> str:
+        """The sandbox's real state. The session's own `status` (the contract's field) stays
+        "running" while its sandbox is hibernated or has failed, so alone it misleads."""
+        state = session.lifecycle_state or "-"
+        if session.status not in (Session.Status.RUNNING, state):
+            state = f"{state} (session {session.status})"
+        if session.lifecycle_state == S.FAILED and session.lifecycle_error:
+            return format_html('<span title="{}">{}</span>', session.lifecycle_error, state)
+        return state
 
     def actor(self, request: HttpRequest) -> str:
         return f"admin:{request.user.get_username()}"

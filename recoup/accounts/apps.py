@@ -5,3 +5,4 @@ class AccountsConfig(AppConfig):
     name = "recoup.accounts"
     label = "accounts"
     default_auto_field = "django.db.models.BigAutoField"
+    verbose_name = "Accounts"

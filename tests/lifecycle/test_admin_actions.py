@@ -1,20 +1,25 @@
 """The operator's admin for sessions, snapshots and base builds: the "needs attention" filter,
 the lifecycle audit trail inline, and actions carried out on live sandboxes by a real worker."""
 
-from datetime import timedelta
+import html
+import re
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.core.files.base import ContentFile
 from django.core.files.storage import storages
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
 from lifecycle.hibernation import session_hibernate
 from lifecycle.models import BaseSnapshotBuild, LifecycleEvent
-from sandboxes_app.models import Snapshot, session_sandbox_name
+from recoup.accounts.models import Account
+from sandboxes_app.models import Sandbox, Snapshot, session_sandbox_name
 from sandboxes_app.providers.base import SandboxStatus, get_provider
 from sessions_app.models import Session
 from tests.support.api import new_session, sh, start_sandbox, wait_state
@@ -139,6 +144,99 @@ def test_the_session_page_shows_its_lifecycle_events_newest_first(operator, owne
     assert not events.has_add_permission
     page = response.content.decode()
     assert "provisioned" in page and "elsewhere" not in page
+
+
+def row_cells(page: str, column: str) -> dict[str, str]:
+    """The text of `column` in each changelist row, by the row's first (linked) cell."""
+    cells = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", page, re.S):
+        key = re.search(r'<th class="field-[^"]*"><a [^>]*>([^<]*)</a>', row)
+        cell = re.search(rf'<td class="field-{column}[^"]*">(.*?)</td>', row, re.S)
+        if key and cell:
+            cells[html.unescape(key.group(1))] = re.sub(r"<[^>]+>", "", cell.group(1)).strip()
+    return cells
+
+
+@pytest.mark.django_db
+def test_the_state_column_shows_failed_and_hibernated_sessions_as_they_are(operator, owner):
+    """A session's own status stays "running" while its sandbox is hibernated or has failed;
+    the list shows the sandbox's real state."""
+
+    def make(state: str, status: str = "running", **fields) -> str:
+        return Session.objects.create(
+            account=owner.account, title=state, lifecycle_state=state, status=status, **fields
+        ).id
+
+    failed = make("failed", lifecycle_error="git clone failed: repository not found")
+    hibernated = make("hibernated")
+    active = make("active")
+    archived = make("archived", status="archived")
+    closing = make("hibernating", status="archived")
+    sandbox = Sandbox.objects.create(
+        name=f"sbx_{failed}",
+        session_id=failed,
+        account=owner.account,
+        provider="local",
+        status=Sandbox.Status.RUNNING,
+    )
+
+    page = operator.get(SESSIONS).content.decode()
+
+    assert row_cells(page, "state") == {
+        failed: "failed",
+        hibernated: "hibernated",
+        active: "active",
+        archived: "archived",
+        closing: "hibernating (session archived)",
+    }
+    assert 'title="git clone failed: repository not found"' in page
+    sandboxes = operator.get(reverse("admin:sandboxes_app_sandbox_changelist")).content.decode()
+    assert row_cells(sandboxes, "state") == {sandbox.name: "failed"}
+
+
+@pytest.mark.django_db
+def test_lifecycle_events_show_milliseconds_and_api_actors_by_email(operator, owner, stranger):
+    session = Session.objects.create(account=owner.account, title="audited")
+    at = datetime(2026, 3, 4, 5, 6, 7, 891_000, tzinfo=UTC)
+    for n, actor in enumerate([f"api:{owner.account.id}", f"api:{stranger.account.id}", "sweep"]):
+        event = LifecycleEvent.objects.create(
+            session=session, to_state="active", version=n + 1, reason=f"r{n}", actor=actor
+        )
+        LifecycleEvent.objects.filter(id=event.id).update(created_at=at + timedelta(seconds=n))
+
+    for url in (
+        reverse("admin:sessions_app_session_change", args=[session.id]),
+        reverse("admin:lifecycle_lifecycleevent_changelist"),
+    ):
+        page = operator.get(url).content.decode()
+
+        assert "2026-03-04 05:06:07.891" in page and "2026-03-04 05:06:09.891" in page, url
+        assert "owner@example.com" in page and "stranger@example.com" in page, url
+        assert "sweep" in page
+        assert f"api:{owner.account.id}" not in page, url
+
+
+@pytest.mark.django_db
+def test_actor_emails_cost_one_query_however_many_accounts_acted(operator, owner):
+    session = Session.objects.create(account=owner.account, title="busy")
+
+    def queries_for(accounts: int) -> dict[str, int]:
+        for n in range(accounts):
+            account = Account.objects.create(email=f"actor{n}-{accounts}@example.com")
+            LifecycleEvent.objects.create(
+                session=session, to_state="active", version=n, reason="r", actor=f"api:{account.id}"
+            )
+        counts = {}
+        for url in (
+            reverse("admin:sessions_app_session_change", args=[session.id]),
+            reverse("admin:lifecycle_lifecycleevent_changelist"),
+        ):
+            with CaptureQueriesContext(connection) as queries:
+                assert operator.get(url).status_code == 200
+            counts[url] = len(queries)
+        return counts
+
+    assert queries_for(2) == queries_for(12)
 
 
 # --- session actions on live sandboxes -------------------------------------------------------

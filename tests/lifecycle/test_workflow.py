@@ -28,6 +28,8 @@ from tests.support.api import (
 from tests.support.worker import Worker, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
+# The worker's one line per task, once it has run (recoup.celery).
+TASK_DONE = '"task": "lifecycle.hibernate_session"'
 
 
 def test_an_idle_sandbox_is_hibernated_by_the_sweep(owner, repo_url, worker, fast_sweep):
@@ -95,7 +97,7 @@ def test_a_running_command_keeps_the_sandbox_awake(owner, repo_url, worker, fast
     make_overdue(session_id, "hibernate_after")
 
     tasks.sweep()
-    wait_for(lambda: worker.log().count(" succeeded in ") >= 1, timeout=30, message=worker.log())
+    wait_for(lambda: worker.log().count(TASK_DONE) >= 1, timeout=30, message=worker.log())
     assert Session.objects.get(id=session_id).lifecycle_state == "active"
 
     command.join()
@@ -341,7 +343,7 @@ def test_a_status_kick_waits_for_a_running_command_unless_expired(owner, repo_ur
     make_overdue(session_id, "hibernate_after")
 
     owner.client.get("/api/sandbox/status", {"sessionId": session_id})
-    wait_for(lambda: worker.log().count(" succeeded in ") >= 1, timeout=30, message=worker.log())
+    wait_for(lambda: worker.log().count(TASK_DONE) >= 1, timeout=30, message=worker.log())
     assert Session.objects.get(id=session_id).lifecycle_state == "active"
 
     make_overdue(session_id, "sandbox_expires_at")  # now past expiry: the command loses

@@ -42,7 +42,7 @@ def test_the_service_runs_on_sqlite_and_a_file_broker(tmp_path):
         while key is None and time.monotonic() < deadline:
             line = up.stdout.readline()
             assert line or up.poll() is None, "manage.py up exited early"
-            found = re.search(r"API key \(shown once\): (recoup_sk_\S+)", line)
+            found = re.search(r"^API key: (recoup_sk_\S+)", line)
             key = found.group(1) if found else None
         assert key, "no API key printed"
         base = f"http://127.0.0.1:{port}"

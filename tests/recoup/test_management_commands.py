@@ -38,6 +38,8 @@ def test_it_creates_the_account_organization_and_membership_when_missing():
     assert text.count(raw_key) == 1  # printed once, alone on the last line
     account = Account.objects.get(email="new@example.com")
     organization = Organization.objects.get(slug="newco")
+    # The id POST /api/sessions takes as organizationId: nothing else in the API shows it.
+    assert f"in organization newco (organizationId {organization.id})" in text
     membership = Membership.objects.get(account=account, organization=organization)
     assert membership.role == Membership.Role.MEMBER
     api_key = ApiKey.objects.get(account=account)

@@ -92,6 +92,8 @@ class Command(BaseCommand):
             "30",
             "--keep-alive",
             "5",
+            # No --access-logfile: recoup.request already logs each request, once, with its
+            # account and session.
         ]
         sys.stdout.flush()
         os.execv(sys.executable, argv)

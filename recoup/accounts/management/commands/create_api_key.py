@@ -15,7 +15,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--email", required=True)
-        parser.add_argument("--org", help="organization slug to create or join")
+        parser.add_argument("--org", help="organization slug to create or join; its id is printed")
         parser.add_argument("--label", default="")
         parser.add_argument("--expires-days", type=int, default=None)
 
@@ -33,11 +33,16 @@ class Command(BaseCommand):
         expires_at = timezone.now() + timedelta(days=expires_days) if expires_days else None
         with transaction.atomic():
             account = account_get_or_create(email=email)
-            if org:
-                organization_join(account=account, slug=org)
+            organization = organization_join(account=account, slug=org) if org else None
             issued = api_key_issue(account=account, label=label, expires_at=expires_at)
+        # The organization's id is what POST /api/sessions takes as organizationId; the API has
+        # no other place that shows it.
         self.stdout.write(
             f"Created key {issued.api_key.prefix}… for {account.email} (account {account.id})"
-            + (f" in organization {org}" if org else "")
+            + (
+                f" in organization {organization.slug} (organizationId {organization.id})"
+                if organization
+                else ""
+            )
         )
         self.stdout.write(issued.raw_key)
