@@ -68,7 +68,8 @@ def transition_publish_on_commit(event: LifecycleEvent) -> None:
         for message in messages:
             bus.publish(channel, message)
 
-    transaction.on_commit(publish)
+    # Robust: the transition has committed; a publish that fails must not fail its caller.
+    transaction.on_commit(publish, robust=True)
 
 
 def progress_publish(*, session_id: str, phase: str, percent: int | None, version: int) -> None:

@@ -133,8 +133,11 @@ def _requested_last_id(request: Request) -> int | None:
     value = last_event_id(request)
     if value is None:
         return None
-    if not value.isdigit() or len(value) > 18:
-        raise ValidationError({"lastEventId": "Last-Event-ID must be a lifecycle version (0-...)"})
+    # ASCII only: str.isdigit() also accepts digits int() refuses ("²").
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
+        raise ValidationError(
+            {"lastEventId": "must be the id of a transition event (a non-negative integer)"}
+        )
     return int(value)
 
 
@@ -177,6 +180,8 @@ session answers 404, as an unknown one does.
 
 class SandboxEventsView(APIView):
     content_negotiation_class = _JsonErrors
+    # Not HEAD: it would hold a thread for a stream whose body nobody reads.
+    http_method_names = ["get", "options"]
 
     @extend_schema(
         operation_id="streamSandboxEvents",

@@ -136,17 +136,20 @@ def run_git_reporting(argv: list[str], *, token: str | None, remote: str, progre
         selectors.DefaultSelector() as selector,
     ):
         selector.register(proc.stderr, selectors.EVENT_READ)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                proc.kill()
-                raise subprocess.TimeoutExpired(argv, timeout)
-            if not selector.select(left):
-                continue
-            chunk = os.read(proc.stderr.fileno(), 65536)
-            if not chunk:
-                break  # git and everything it started closed stderr: it is done
-            parser.feed(chunk)
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(argv, timeout)
+                if not selector.select(left):
+                    continue
+                chunk = os.read(proc.stderr.fileno(), 65536)
+                if not chunk:
+                    break  # git and everything it started closed stderr: it is done
+                parser.feed(chunk)
+        except BaseException:
+            proc.kill()  # a clone nobody waits for any more stops here
+            raise
         returncode = proc.wait()
     if returncode != 0:
         raise _git_error(argv, parser.text(), remote=remote)

@@ -242,8 +242,11 @@ def test_another_account_gets_404_and_bad_input_a_clear_400(owner, member, stran
     }
     bad_id = owner.client.get(EVENTS, {"sessionId": session_id, "lastEventId": "x"})
     assert bad_id.status_code == 400 and "lastEventId" in bad_id.json()["error"]
-    bad_header = owner.client.get(EVENTS, {"sessionId": session_id}, HTTP_LAST_EVENT_ID="-1")
-    assert bad_header.status_code == 400
+    for bad in ("-1", "²", "1" * 19):
+        bad_header = owner.client.get(EVENTS, {"sessionId": session_id}, HTTP_LAST_EVENT_ID=bad)
+        assert bad_header.status_code == 400, bad
+        assert bad_header.json()["error"].startswith("lastEventId: must be the id")
+    assert owner.client.head(EVENTS, {"sessionId": session_id}).status_code == 405
     assert anon.get(EVENTS, {"sessionId": session_id}).status_code == 401
     assert waits._waiting == 0
     session = Session.objects.get(id=session_id)
