@@ -12,6 +12,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from lifecycle.events import PROVISIONING_STATES, transition_publish_on_commit
 from lifecycle.models import LifecycleEvent
 from lifecycle.states import can_transition
 from sessions_app.models import Session
@@ -58,6 +59,12 @@ def transition(
         lifecycle_version=F("lifecycle_version") + 1,
         updated_at=now,
     )
+    if to in PROVISIONING_STATES:
+        # A run that claims the session starts over from `queued` (lifecycle.progress).
+        values.setdefault("provisioning_phase", "queued")
+        values.setdefault("provisioning_percent", None)
+    else:
+        values.update(provisioning_phase=None, provisioning_percent=None)
     if to == "failed" or error is not None:
         values["lifecycle_error"] = error
     elif "lifecycle_error" not in values:
@@ -77,7 +84,7 @@ def transition(
                 reason,
             )
             return None
-        LifecycleEvent.objects.create(
+        event = LifecycleEvent.objects.create(
             session_id=session_id,
             from_state=seen.state,
             to_state=to,
@@ -86,6 +93,7 @@ def transition(
             actor=actor,
             error=error,
         )
+        transition_publish_on_commit(event)
     logger.info(
         "transition session=%s %s -> %s v%s reason=%s actor=%s",
         session_id,

@@ -210,6 +210,7 @@ SPECTACULAR_SETTINGS = {
         "LifecycleStateEnum": "lifecycle.states.LifecycleState",
         "ErrorStatusEnum": [("error", "error")],
         "SessionSandboxStatusEnum": [("active", "active"), ("no_sandbox", "no_sandbox")],
+        "ProvisioningPhaseEnum": "sessions_app.models.PROVISIONING_PHASES",
     },
 }
 

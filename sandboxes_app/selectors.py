@@ -7,6 +7,7 @@ from django.db import connection
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from lifecycle.events import provisioning_of
 from lifecycle.states import LifecycleState as S
 from recoup.accounts.models import Account, Membership
 from recoup.errors import Forbidden, NotFound
@@ -29,6 +30,8 @@ _POLL_COLUMNS = (
     "hibernate_after",
     "sandbox_expires_at",
     "current_snapshot_id",
+    "provisioning_phase",
+    "provisioning_percent",
 )
 
 
@@ -65,6 +68,30 @@ def session_get_polled(*, session_id: str, account: Account) -> Session:
     if session.account_id != account.id:
         raise Forbidden("You do not have access to this session")
     session.has_live_snapshot = bool(session.has_live_snapshot)  # SQLite answers 0 or 1
+    return session
+
+
+# What the events stream reads of the session: its state and where its provisioning is.
+_STREAM_COLUMNS = (
+    "id",
+    "account_id",
+    "lifecycle_state",
+    "lifecycle_version",
+    "provisioning_phase",
+    "provisioning_percent",
+)
+
+
+def session_get_streamed(*, session_id: str, account: Account) -> Session:
+    """The session for GET /api/sandbox/events, in one narrow query. Another account's session
+    answers 404 like one that does not exist: a live feed of someone else's session gives away
+    no more than that it is not yours to watch."""
+    # No stored id holds a NUL, and PostgreSQL refuses one in a query: not found, not a 500.
+    session = None
+    if "\x00" not in session_id:
+        session = Session.objects.filter(id=session_id).only(*_STREAM_COLUMNS).first()
+    if session is None or session.account_id != account.id:
+        raise NotFound(f"Session {session_id} not found")
     return session
 
 
@@ -121,6 +148,7 @@ def session_sandbox_status(session: Session) -> dict:
         "hasSnapshot": session_has_snapshot(session),
         "lifecycleVersion": session.lifecycle_version,
         "lifecycle": lifecycle_envelope(session),
+        "provisioning": provisioning_of(session),
     }
 
 

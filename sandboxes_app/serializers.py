@@ -5,6 +5,7 @@ from rest_framework import serializers
 from lifecycle.states import LifecycleState
 from recoup.fields import StrictCharField, StrictIntegerField
 from sandboxes_app.providers.base import MAX_ENV_VALUE, MAX_ENV_VARS, env_problem
+from sessions_app.models import PROVISIONING_PHASES
 
 # --- shared ---------------------------------------------------------------------------------
 
@@ -78,11 +79,41 @@ class CreateSandboxResponseSerializer(serializers.Serializer):
 # --- status / reconnect ---------------------------------------------------------------------
 
 
+class ProvisioningSerializer(serializers.Serializer):
+    phase = serializers.ChoiceField(
+        choices=[(phase, phase) for phase in PROVISIONING_PHASES],
+        help_text=(
+            "`queued` (claimed, the provider has not started), `cloning`, `checkout`, "
+            "`from_base` (layered on the organization's base snapshot instead of a clone), "
+            "`starting` (the sandbox's init; a resume's extraction), `active`."
+        ),
+    )
+    percent = serializers.IntegerField(
+        allow_null=True,
+        min_value=0,
+        max_value=100,
+        help_text="git's own percent while cloning or checking out, never going back; else null.",
+    )
+
+    class Meta:
+        ref_name = "Provisioning"
+
+
 class SandboxStatusResponseSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=[("active", "active"), ("no_sandbox", "no_sandbox")])
     hasSnapshot = serializers.BooleanField()
     lifecycleVersion = serializers.IntegerField()
     lifecycle = SandboxLifecycleSerializer()
+    provisioning = ProvisioningSerializer(
+        required=False,
+        allow_null=True,
+        help_text=(
+            "Additive (not in the published contract): how far the run that provisions or "
+            "restores the sandbox is, while `lifecycle.state` is `provisioning` or `restoring` "
+            "and a run has claimed it; null otherwise. GET /api/sandbox/events pushes each "
+            "change."
+        ),
+    )
 
     class Meta:
         ref_name = "SandboxStatusResponse"

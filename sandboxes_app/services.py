@@ -24,6 +24,7 @@ from lifecycle.leases import (
     lease_update,
     new_run_id,
 )
+from lifecycle.progress import ProvisioningProgress
 from lifecycle.states import LifecycleState as S
 from lifecycle.transitions import Seen, transition
 from recoup.accounts.git_tokens import git_token_for_clone
@@ -186,6 +187,10 @@ def _claim_and_provision(
         )
     if claimed is None:
         return None
+    progress = ProvisioningProgress(
+        session_id=session.id, run_id=run_id, version=claimed.lifecycle_version
+    )
+    progress("queued")
     with lease_heartbeat(session_id=session.id, run_id=run_id):
         crash_point("resume_claimed" if resume_from else "create_claimed")
         try:
@@ -196,6 +201,7 @@ def _claim_and_provision(
                 run_id=run_id,
                 resume_from=resume_from,
                 actor=actor,
+                progress=progress,
             )
         except ProviderError as exc:
             error = public_text(str(exc))
@@ -225,30 +231,31 @@ def _boot(
     run_id: str,
     resume_from: Snapshot | None,
     actor: str,
+    progress: ProvisioningProgress,
 ) -> tuple[SandboxInfo, Snapshot | None]:
     name = session_sandbox_name(session.id)
     if resume_from is not None:
         try:
             release_db_connection()  # an extraction may take minutes
-            return provider.resume(name=name, snapshot=resume_from.to_info()), resume_from.base
+            info = provider.resume(name=name, snapshot=resume_from.to_info(), progress=progress)
+            return info, resume_from.base
         except (SnapshotMissing, SnapshotCorrupt) as exc:
             # The snapshot cannot come back; a fresh sandbox beats an error nobody can fix.
             logger.warning("snapshot unusable session=%s: %s", session.id, exc)
             provider.destroy(name=name)
             lease_update(session_id=session.id, run_id=run_id, current_snapshot=None)
             current = Session.objects.get(id=session.id)
-            if (
-                transition(
-                    session_id=session.id,
-                    seen=Seen.of(current),
-                    to=S.PROVISIONING,
-                    reason="snapshot_unusable",
-                    actor=actor,
-                    changes=lease_claim(run_id),
-                )
-                is None
-            ):
+            fallback = transition(
+                session_id=session.id,
+                seen=Seen.of(current),
+                to=S.PROVISIONING,
+                reason="snapshot_unusable",
+                actor=actor,
+                changes=lease_claim(run_id),
+            )
+            if fallback is None:
                 raise ProviderError("lost the lease while falling back to a fresh sandbox") from exc
+            progress.version = fallback.lifecycle_version
     base = base_snapshot_lookup(session=session, repo=repo)
     source = GitSource(
         clone_url=repo.clone_url,
@@ -257,14 +264,15 @@ def _boot(
     release_db_connection()  # a clone may take minutes
     if base is not None:
         try:
-            return provider.create(name=name, source=source, base=base.to_info()), base
+            info = provider.create(name=name, source=source, base=base.to_info(), progress=progress)
+            return info, base
         except (SnapshotMissing, SnapshotCorrupt) as exc:
             # A broken base only costs a plain clone; retire it so the next build replaces it.
             logger.warning("base snapshot %s unusable: %s", base.storage_key, exc)
             Snapshot.objects.filter(id=base.id).update(deleted_at=timezone.now())
             provider.destroy(name=name)
             release_db_connection()
-    return provider.create(name=name, source=source), None
+    return provider.create(name=name, source=source, progress=progress), None
 
 
 def _activate(

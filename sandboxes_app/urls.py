@@ -1,5 +1,6 @@
 from django.urls import path
 
+from sandboxes_app.event_views import SandboxEventsView
 from sandboxes_app.legacy_views import SandboxesView
 from sandboxes_app.oneshot_views import OneshotDestroyView
 from sandboxes_app.views import (
@@ -22,4 +23,5 @@ urlpatterns = [
     path("sandbox/hibernate", SandboxHibernateView.as_view(), name="sandbox-hibernate"),
     path("sandbox/destroy", OneshotDestroyView.as_view(), name="sandbox-destroy"),
     path("sandboxes", SandboxesView.as_view(), name="sandboxes"),
+    path("sandbox/events", SandboxEventsView.as_view(), name="sandbox-events"),
 ]

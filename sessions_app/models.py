@@ -6,6 +6,9 @@ from django.db.models import Q
 from lifecycle.states import LifecycleState
 from recoup.accounts.models import Account, Organization
 
+# What a provisioning or resume run reports, in order (lifecycle.progress).
+PROVISIONING_PHASES = ("queued", "cloning", "checkout", "from_base", "starting", "active")
+
 _NANOID_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_-"
 
 
@@ -75,6 +78,13 @@ class Session(models.Model):
     # When the sweep last handed this session to a task; it is not handed again until the
     # dispatch grace passes, so a slow queue does not fill with duplicates.
     lifecycle_dispatched_at = models.DateTimeField(null=True, blank=True)
+    # Where the run that provisions or restores the sandbox is (lifecycle.progress), for the
+    # status poll: written by that run only (fenced by lifecycle_run_id), cleared by the
+    # transition that leaves provisioning or restoring.
+    provisioning_phase = models.CharField(
+        max_length=16, null=True, blank=True, choices=[(p, p) for p in PROVISIONING_PHASES]
+    )
+    provisioning_percent = models.SmallIntegerField(null=True, blank=True)
 
     lines_added = models.IntegerField(null=True, blank=True, default=0)
     lines_removed = models.IntegerField(null=True, blank=True, default=0)

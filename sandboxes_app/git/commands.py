@@ -15,13 +15,17 @@ so nothing is parsed as an option.
 from __future__ import annotations
 
 import base64
+import os
 import re
+import selectors
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from django.conf import settings
 
+from sandboxes_app.git.progress import CloneProgress, Report
 from sandboxes_app.git.urls import PUBLIC_BASE_URL
 from sandboxes_app.providers.base import ProviderError
 
@@ -97,15 +101,58 @@ def run_git(
         timeout=settings.SANDBOX_COMMAND_MAX_TIMEOUT,
     )
     if proc.returncode != 0:
-        command = _subcommand(argv)
-        stderr = proc.stderr.decode(errors="replace").strip()
-        if remote is not None and _UNREADABLE.search(stderr):
-            raise GitError(
-                f"git {command} failed: repository '{public_text(remote)}' not found, or not "
-                "readable with the access this service has for it"
-            )
-        raise GitError(f"git {command} failed: {public_text(stderr)[-500:]}")
+        raise _git_error(argv, proc.stderr.decode(errors="replace").strip(), remote=remote)
     return proc.stdout.decode(errors="replace")
+
+
+def _git_error(argv: list[str], stderr: str, *, remote: str | None) -> GitError:
+    command = _subcommand(argv)
+    if remote is not None and _UNREADABLE.search(stderr):
+        return GitError(
+            f"git {command} failed: repository '{public_text(remote)}' not found, or not "
+            "readable with the access this service has for it"
+        )
+    return GitError(f"git {command} failed: {public_text(stderr)[-500:]}")
+
+
+def run_git_reporting(argv: list[str], *, token: str | None, remote: str, progress: Report) -> None:
+    """`run_git` for a command started with `--progress`: git's stderr is read as it comes and
+    its percentages go to `progress` (sandboxes_app.git.progress); the rest of what git says
+    makes the error, as in `run_git`."""
+    parser = CloneProgress(progress)
+    # Optional progress (checking objects, updating files) shows at once, not after 2 s.
+    env = {**git_env(token=token), "GIT_PROGRESS_DELAY": "0"}
+    timeout = settings.SANDBOX_COMMAND_MAX_TIMEOUT
+    deadline = time.monotonic() + timeout
+    with (
+        subprocess.Popen(
+            argv,
+            cwd="/",
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        ) as proc,
+        selectors.DefaultSelector() as selector,
+    ):
+        selector.register(proc.stderr, selectors.EVENT_READ)
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(argv, timeout)
+                if not selector.select(left):
+                    continue
+                chunk = os.read(proc.stderr.fileno(), 65536)
+                if not chunk:
+                    break  # git and everything it started closed stderr: it is done
+                parser.feed(chunk)
+        except BaseException:
+            proc.kill()  # a clone nobody waits for any more stops here
+            raise
+        returncode = proc.wait()
+    if returncode != 0:
+        raise _git_error(argv, parser.text(), remote=remote)
 
 
 def _subcommand(argv: list[str]) -> str:
@@ -148,14 +195,21 @@ def git_clone(
     branch: str | None,
     token: str | None = None,
     wrap: Callable[[list[str]], list[str]] | None = None,
+    progress: Report | None = None,
 ) -> None:
     """Clone `url` into the new directory `dest` with `branch` (default: remote HEAD) out;
-    `wrap` turns git's argv into the argv that runs it (in a mount namespace, say)."""
-    argv = ["git", "clone", "--quiet", "--no-local"]
+    `wrap` turns git's argv into the argv that runs it (in a mount namespace, say). With
+    `progress`, git's own percentages go to it as `("cloning" | "checkout", percent)`."""
+    argv = ["git", "clone", "--progress" if progress else "--quiet", "--no-local"]
     if branch:
         argv += ["--branch", check_branch(branch)]
     argv += ["--", url, str(dest)]
-    run_git(wrap(argv) if wrap else argv, token=token, remote=url)
+    if wrap:
+        argv = wrap(argv)
+    if progress is None:
+        run_git(argv, token=token, remote=url)
+    else:
+        run_git_reporting(argv, token=token, remote=url, progress=progress)
 
 
 def remote_head(*, url: str, branch: str | None, token: str | None = None) -> tuple[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import enum
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -136,6 +137,14 @@ class FileTreeEntry:
     size: int | None = None  # blobs only
 
 
+# How far a create or resume is: `progress(phase, percent)`, called from the thread that runs
+# it. Phases, in order: "cloning" (percent: git's own, 0-100, never going back), "checkout"
+# (git's percent), "from_base" (layering on a base snapshot instead of cloning; None), and
+# "starting" (the sandbox's init, and a resume's extraction; None). The caller's callback must
+# be cheap and must not raise.
+Progress = Callable[[str, int | None], None]
+
+
 class SandboxProvider(abc.ABC):
     """One sandbox engine. `name` is what the API reports as `mode`."""
 
@@ -143,20 +152,28 @@ class SandboxProvider(abc.ABC):
 
     @abc.abstractmethod
     def create(
-        self, *, name: str, source: GitSource, base: SnapshotInfo | None = None
+        self,
+        *,
+        name: str,
+        source: GitSource,
+        base: SnapshotInfo | None = None,
+        progress: Progress | None = None,
     ) -> SandboxInfo:
         """Start a sandbox holding a checkout of `source`.
 
         With `base`, the workspace is a copy-on-write layer over the base snapshot, fast-forwarded
         to the origin's current branch: no full clone. If a workspace already exists under
-        `name`, it is started (not recloned) and returned.
+        `name`, it is started (not recloned) and returned. `progress` hears how far it is.
         """
 
     @abc.abstractmethod
-    def resume(self, *, name: str, snapshot: SnapshotInfo) -> SandboxInfo:
+    def resume(
+        self, *, name: str, snapshot: SnapshotInfo, progress: Progress | None = None
+    ) -> SandboxInfo:
         """Start a sandbox from a session snapshot, verified first; files come back identical.
 
         Raises SnapshotMissing or SnapshotCorrupt rather than ever starting an empty workspace.
+        `progress` hears how far it is.
         """
 
     @abc.abstractmethod

@@ -34,6 +34,7 @@ from sandboxes_app.providers.base import (
     CommandResult,
     FileTreeEntry,
     GitSource,
+    Progress,
     ProviderError,
     SandboxInfo,
     SandboxNotFound,
@@ -210,8 +211,14 @@ class LocalProvider(SandboxProvider):
     # -- lifecycle -------------------------------------------------------------------------
 
     def create(
-        self, *, name: str, source: GitSource, base: SnapshotInfo | None = None
+        self,
+        *,
+        name: str,
+        source: GitSource,
+        base: SnapshotInfo | None = None,
+        progress: Progress | None = None,
     ) -> SandboxInfo:
+        report = progress or _unheard
         paths = self._paths(name)
         # `disk` keeps a new sandbox's filesystem up from its filling to its init's start, so it
         # is mounted once, not torn down and set up again in between.
@@ -220,14 +227,20 @@ class LocalProvider(SandboxProvider):
             reused = meta is not None
             if meta is None:
                 self._discard_partial(paths)
-                meta = self._prepare(paths=paths, source=source, base=base, disk=disk)
+                meta = self._prepare(
+                    paths=paths, source=source, base=base, disk=disk, progress=progress
+                )
+            report("starting", None)
             if live_init(paths) is None:
                 self._start(paths=paths, meta=meta)
         return _info(meta, reused=reused)
 
-    def resume(self, *, name: str, snapshot: SnapshotInfo) -> SandboxInfo:
+    def resume(
+        self, *, name: str, snapshot: SnapshotInfo, progress: Progress | None = None
+    ) -> SandboxInfo:
         paths = self._paths(name)
         with file_lock(paths.lock):
+            (progress or _unheard)("starting", None)
             meta = read_json(paths.meta)
             if meta is not None:
                 if meta.get("snapshot_sha256") != snapshot.sha256:
@@ -463,19 +476,23 @@ class LocalProvider(SandboxProvider):
         source: GitSource,
         base: SnapshotInfo | None,
         disk: contextlib.ExitStack,
+        progress: Progress | None,
     ):
         """Fill a new sandbox's workspace; its disk stays mounted until `disk` closes."""
+        report = progress or _unheard
         self._own_root()
         paths.dir.mkdir(parents=True)
         try:
             self._new_disk(paths)
             layers = disk.enter_context(self._layers(paths))
             if base is None:
-                self._clone(paths=paths, source=source)
+                report("cloning", 0)
+                self._clone(paths=paths, source=source, progress=progress)
                 chown_to_sandbox(layers / "upper")
                 branch = head_branch(layers=[layers / "upper"])
                 meta = self._meta(paths=paths, branch=branch, base=None, boot="clone")
             else:
+                report("from_base", None)
                 branch, moved = self._layer_on_base(
                     paths=paths, layers=layers, source=source, base=base
                 )
@@ -487,12 +504,16 @@ class LocalProvider(SandboxProvider):
             shutil.rmtree(paths.dir, ignore_errors=True)
             raise
 
-    def _clone(self, *, paths: SandboxPaths, source: GitSource) -> None:
+    def _clone(self, *, paths: SandboxPaths, source: GitSource, progress: Progress | None) -> None:
         """Clone into the upper layer; straight onto the sandbox's disk when it has one, so a
         repository larger than the quota fails here and not later in the sandbox."""
         if not paths.image.exists():
             git_clone(
-                url=source.clone_url, dest=paths.upper, branch=source.branch, token=source.token
+                url=source.clone_url,
+                dest=paths.upper,
+                branch=source.branch,
+                token=source.token,
+                progress=progress,
             )
             return
         paths.merged.mkdir(exist_ok=True)
@@ -503,6 +524,7 @@ class LocalProvider(SandboxProvider):
                 branch=source.branch,
                 token=source.token,
                 wrap=functools.partial(in_disk_namespace, device=device, target=paths.merged),
+                progress=progress,
             )
 
     def _layer_on_base(
@@ -684,6 +706,10 @@ class LocalProvider(SandboxProvider):
             "USER": "sandbox",
             **(extra or {}),
         }
+
+
+def _unheard(phase: str, percent: int | None) -> None:
+    """The progress of a create or resume nobody asked to hear."""
 
 
 def _info(meta: dict, *, reused: bool) -> SandboxInfo:

@@ -57,6 +57,8 @@ CASES = [
     (S.HIBERNATED, "deleted", {"hibernate_after": None, "sandbox_expires_at": None}),
     (S.HIBERNATED, "expired", {}),
     (S.PROVISIONING, None, {"last_activity_at": None}),
+    (S.PROVISIONING, None, {"provisioning_phase": "cloning", "provisioning_percent": 40}),
+    (S.RESTORING, "live", {"provisioning_phase": "starting"}),
     (S.RESTORING, "live", {}),
     (S.HIBERNATING, "live", {}),
     (S.ARCHIVED, "live", {}),
@@ -74,6 +76,24 @@ def test_the_poll_answers_what_a_full_read_of_the_row_says(owner, state, snapsho
 
     assert response.status_code == 200
     assert _without_clock(response.json()) == _without_clock(expected)
+
+
+@pytest.mark.parametrize(
+    "state, phase, percent, expected",
+    [
+        (S.PROVISIONING, "cloning", 45, {"phase": "cloning", "percent": 45}),
+        (S.RESTORING, "starting", None, {"phase": "starting", "percent": None}),
+        (S.PROVISIONING, None, None, None),  # a new session nobody asked a sandbox of yet
+        (S.ACTIVE, "cloning", 100, None),  # only while provisioning or restoring
+        (S.HIBERNATED, None, None, None),
+    ],
+)
+def test_the_poll_says_how_far_provisioning_is(owner, state, phase, percent, expected):
+    session = _session(owner, state, provisioning_phase=phase, provisioning_percent=percent)
+
+    response = owner.client.get(STATUS, {"sessionId": session.id})
+
+    assert response.json()["provisioning"] == expected
 
 
 def test_the_status_poll_is_one_narrow_query_on_a_warm_cache(owner, django_assert_num_queries):
