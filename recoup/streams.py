@@ -9,6 +9,7 @@ ends after STREAM_MAX_SECONDS so threads come back; a client reconnects with Las
 """
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -21,6 +22,11 @@ from recoup.waits import waiting_slot
 SSE = "text/event-stream"
 NDJSON = "application/x-ndjson"
 KEEPALIVE = b": keep-alive\n\n"
+# Set when this process is asked to stop (gunicorn's SIGTERM, see recoup/gunicorn_hooks.py):
+# open streams end within SHUTDOWN_CHECK_SECONDS instead of holding the graceful shutdown for
+# its whole timeout, and their clients reconnect, with Last-Event-ID, to a process that runs.
+shutting_down = threading.Event()
+SHUTDOWN_CHECK_SECONDS = 0.5
 
 
 def sse_event(*, event: str, data: dict, id: str | int | None = None) -> bytes:
@@ -48,6 +54,11 @@ def last_event_id(request: HttpRequest) -> str | None:
 
 def stream_deadline() -> float:
     return time.monotonic() + settings.STREAM_MAX_SECONDS
+
+
+def stream_over(deadline: float) -> bool:
+    """Whether a stream should end now: past its deadline, or its process is stopping."""
+    return shutting_down.is_set() or time.monotonic() >= deadline
 
 
 def stream_response(chunks: Iterator[bytes], *, content_type: str) -> StreamingHttpResponse:

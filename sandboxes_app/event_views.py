@@ -28,10 +28,12 @@ from recoup.db import release_db_connection
 from recoup.schema import ERROR_RESPONSES
 from recoup.streams import (
     KEEPALIVE,
+    SHUTDOWN_CHECK_SECONDS,
     SSE,
     last_event_id,
     sse_event,
     stream_deadline,
+    stream_over,
     stream_response,
 )
 from sandboxes_app import selectors
@@ -80,12 +82,12 @@ class SessionEventStream:
     def __next__(self) -> bytes:
         while not self._pending:
             now = time.monotonic()
-            if now >= self._deadline:
+            if stream_over(self._deadline):
                 raise StopIteration  # the client reconnects with Last-Event-ID
             if now >= self._next_keepalive:
                 self._pending.append(KEEPALIVE)
                 break
-            wait = min(self._deadline, self._next_keepalive) - now
+            wait = min(self._deadline, self._next_keepalive, now + SHUTDOWN_CHECK_SECONDS) - now
             message = self._subscription.get(timeout=wait)
             if message is not None:
                 self._receive(message)

@@ -317,3 +317,29 @@ def test_through_gunicorn_events_flush_as_they_happen_and_a_hang_up_frees_the_sl
     finally:
         web.terminate()
         web.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_graceful_web_stop_ends_open_streams_at_once(owner, settings):
+    """Without the stop hook gunicorn waits its whole graceful timeout (30 s) on the stream."""
+    web, base = start_web(settings, WEB_WORKERS="1")
+    try:
+        session_id = new_session(owner)
+        with requests.get(
+            f"{base}{EVENTS}",
+            params={"sessionId": session_id},
+            headers={"x-api-key": owner.raw_key},
+            stream=True,
+            timeout=30,
+        ) as live:
+            events = parse_sse(live.iter_content(chunk_size=None))
+            assert next(events).event == "state"
+            stopping = time.monotonic()
+            web.terminate()
+            web.wait(timeout=30)
+            assert time.monotonic() - stopping < 5
+            assert list(events) == []  # the stream ended: the client reconnects elsewhere
+    finally:
+        if web.poll() is None:
+            web.kill()
+            web.wait(timeout=10)

@@ -92,6 +92,9 @@ class Command(BaseCommand):
             "30",
             "--keep-alive",
             "5",
+            # Open event and log streams end at once on a graceful stop (recoup.streams).
+            "--config",
+            "python:recoup.gunicorn_hooks",
             # No --access-logfile: recoup.request already logs each request, once, with its
             # account and session.
         ]
