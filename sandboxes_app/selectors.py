@@ -35,13 +35,19 @@ _POLL_COLUMNS = (
 )
 
 
+# The same columns in the model's field order, which Model.from_db expects.
+_POLL_ATTNAMES = tuple(
+    f.attname for f in Session._meta.concrete_fields if f.attname in _POLL_COLUMNS
+)
+
+
 @cache
 def _poll_sql() -> str:
     """The status poll's one statement, written once. Building the same query through the ORM
     cost 0.8 ms of CPU a poll (0.3 ms through `raw`), a third of the whole request: at
     hundreds of polls a second the web processes spent their cores compiling SQL."""
     session, snapshot = Session._meta, Snapshot._meta
-    columns = ", ".join(f's."{session.get_field(name).column}"' for name in _POLL_COLUMNS)
+    columns = ", ".join(f's."{session.get_field(name).column}"' for name in _POLL_ATTNAMES)
     deleted = snapshot.get_field("deleted_at").column
     expires = snapshot.get_field("expires_at").column
     return (
@@ -53,6 +59,23 @@ def _poll_sql() -> str:
     )
 
 
+def _poll_fetch(params: list) -> Session | None:
+    """Run the poll's statement. On PostgreSQL the row is already what the model holds (psycopg
+    gives aware datetimes), so it becomes a Session without `raw`'s per-row column mapping
+    (0.4 ms of the poll's CPU); other databases need Django's converters, which `raw` applies."""
+    if connection.vendor != "postgresql":
+        return next(iter(Session.objects.raw(_poll_sql(), params)), None)
+    with connection.cursor() as cursor:
+        cursor.execute(_poll_sql(), params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    loaded = dict(zip(_POLL_ATTNAMES, row, strict=False))
+    session = Session.from_db(connection.alias, list(loaded), list(loaded.values()))
+    session.has_live_snapshot = row[-1]
+    return session
+
+
 def session_get_polled(*, session_id: str, account: Account) -> Session:
     """The session for the status poll, in one query of only the columns it reads, answering
     as `session_get_owned` does (404, then 403). The query also says whether its snapshot is
@@ -62,7 +85,7 @@ def session_get_polled(*, session_id: str, account: Account) -> Session:
     # No stored id holds a NUL, and PostgreSQL refuses one in a query: not found, not a 500.
     if "\x00" not in session_id:
         now = connection.ops.adapt_datetimefield_value(timezone.now())
-        session = next(iter(Session.objects.raw(_poll_sql(), [now, session_id])), None)
+        session = _poll_fetch([now, session_id])
     if session is None:
         raise NotFound(f"Session {session_id} not found")
     if session.account_id != account.id:
