@@ -11,7 +11,8 @@ import time
 import pytest
 
 from sandboxes_app.models import Command
-from tests.support.api import new_session, run, sh, start_sandbox
+from sandboxes_app.providers.base import SandboxStatus, get_provider
+from tests.support.api import new_session, run, sh, start_sandbox, wait_state
 from tests.support.commands import (
     get_command,
     log_events,
@@ -341,3 +342,29 @@ def _zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def test_hibernation_records_each_command_as_it_ended_or_killed_with_its_sandbox(
+    owner, session_id, worker
+):
+    name = f"sbx_{session_id}"
+    ended = start_detached(owner, session_id, "echo done; exit 7")
+    running = start_detached(owner, session_id, "sleep 100")
+    # Ended on the host, never looked at: only its supervisor's record knows how.
+    wait_for(lambda: get_provider().detached_status(name=name, command_id=ended).exit, timeout=10)
+    assert Command.objects.get(id=ended).finished_at is None
+
+    hibernating = owner.client.post(
+        "/api/sandbox/hibernate", {"sessionId": session_id}, format="json"
+    )
+    assert hibernating.status_code == 202
+    wait_state(session_id, "hibernated", worker)
+
+    assert get_provider().status(name=name) == SandboxStatus.ABSENT
+    finished = Command.objects.get(id=ended)
+    assert (finished.exit_code, finished.killed) == (7, False)
+    killed = get_command(owner, running, sessionId=session_id).json()
+    assert killed["killed"] is True and killed["exitCode"] is None and killed["finishedAt"]
+    # The log went with the sandbox's directory; its stream still ends with the exit.
+    events = log_events(owner, ended, sessionId=session_id)
+    assert [e.event for e in events] == ["exit"] and events[0].data["exitCode"] == 7
