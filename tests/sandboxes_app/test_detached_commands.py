@@ -10,9 +10,11 @@ import time
 
 import pytest
 
+from lifecycle.hibernation import session_hibernate
 from sandboxes_app.models import Command
 from sandboxes_app.providers.base import SandboxStatus, get_provider
-from tests.support.api import new_session, run, sh, start_sandbox, wait_state
+from sessions_app.models import Session
+from tests.support.api import make_overdue, new_session, run, sh, start_sandbox, wait_state
 from tests.support.commands import (
     get_command,
     log_events,
@@ -368,3 +370,19 @@ def test_hibernation_records_each_command_as_it_ended_or_killed_with_its_sandbox
     # The log went with the sandbox's directory; its stream still ends with the exit.
     events = log_events(owner, ended, sessionId=session_id)
     assert [e.event for e in events] == ["exit"] and events[0].data["exitCode"] == 7
+
+
+def test_a_running_detached_command_keeps_its_sandbox_from_idle_hibernation(owner, session_id):
+    command_id = start_detached(owner, session_id, "sleep 60")
+    make_overdue(session_id, "hibernate_after")
+
+    idle = {"session_id": session_id, "actor": "t", "reason": "idle", "require_idle": True}
+    assert session_hibernate(**idle) is None
+    assert Session.objects.get(id=session_id).lifecycle_state == "active"
+
+    owner.client.post(
+        f"/api/sandbox/commands/{command_id}/kill", {"sessionId": session_id}, format="json"
+    )
+    make_overdue(session_id, "hibernate_after")
+    done = session_hibernate(**idle)
+    assert done is not None and done.lifecycle_state == "hibernated"
