@@ -159,9 +159,9 @@ class Supervisor:
     # -- the end -----------------------------------------------------------------------------
 
     def finish(self, *, code: int | None, timed_out: bool) -> None:
-        """Record the exit, free the slot, let go of the marker, wake readers: in that order,
+        """Record the exit, let go of the marker, free the slot, wake readers: in that order,
         so whoever sees the marker free finds the exit, and whoever sees the exit has the
-        whole log and a free slot."""
+        whole log (and frees the slot too, should we die before we do)."""
         spec = self.spec
         killed = self.killed
         if code is None or (not timed_out and not killed and code < 0 and not self.init_alive()):
@@ -178,6 +178,9 @@ class Supervisor:
         # command killed when they find neither it nor a live supervisor.
         with contextlib.suppress(OSError):
             write_json(Path(spec["exit"]), record)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(spec["marker"])
+        os.close(spec["lock_fd"])
         hooks = spec["hooks"]
         if hooks.get("lease_slot"):
             from sandboxes_app.command_leases import lease_release
@@ -189,9 +192,6 @@ class Supervisor:
                     redis_url=hooks["redis_url"],
                     data_dir=hooks["data_dir"],
                 )
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(spec["marker"])
-        os.close(spec["lock_fd"])
         self._bus_loader.join()
         self.notify(exit=True)
         if self.cgroups is not None:

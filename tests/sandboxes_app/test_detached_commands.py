@@ -383,6 +383,8 @@ def test_a_running_detached_command_keeps_its_sandbox_from_idle_hibernation(owne
     owner.client.post(
         f"/api/sandbox/commands/{command_id}/kill", {"sessionId": session_id}, format="json"
     )
+    name = f"sbx_{session_id}"
+    wait_for(lambda: get_provider().running_commands(name=name) == 0, timeout=5)
     make_overdue(session_id, "hibernate_after")
     done = session_hibernate(**idle)
     assert done is not None and done.lifecycle_state == "hibernated"
