@@ -388,3 +388,41 @@ def test_a_running_detached_command_keeps_its_sandbox_from_idle_hibernation(owne
     make_overdue(session_id, "hibernate_after")
     done = session_hibernate(**idle)
     assert done is not None and done.lifecycle_state == "hibernated"
+
+
+def test_a_kill_right_after_the_start_is_never_lost(owner, session_id):
+    command_id = start_detached(owner, session_id, "sleep 100")
+    killed = owner.client.post(
+        f"/api/sandbox/commands/{command_id}/kill", {"sessionId": session_id}, format="json"
+    )
+
+    body = killed.json()
+    assert body["killed"] is True and body["finishedAt"] is not None, body
+    left = sh(owner, session_id, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+    assert "sleep 100" not in left["stdout"]
+
+
+def test_a_quiet_stream_sends_keep_alives_ends_at_its_deadline_and_resumes(
+    owner, session_id, settings
+):
+    settings.STREAM_KEEPALIVE_SECONDS = 1
+    settings.STREAM_MAX_SECONDS = 3
+    command_id = start_detached(owner, session_id, "echo a; sleep 5; echo b")
+    response = owner.client.get(
+        f"/api/sandbox/commands/{command_id}/logs", {"sessionId": session_id}
+    )
+    started = time.monotonic()
+    try:
+        first = list(sse_events(response.streaming_content))
+    finally:
+        response.close()
+    ended_after = time.monotonic() - started
+
+    records = [e for e in first if e is not None]
+    assert [e.data["data"] for e in records] == ["a\n"]  # no exit: the command still runs
+    assert first.count(None) >= 1
+    assert 2.5 < ended_after < 5, ended_after
+    rest = log_events(
+        owner, command_id, headers={"Last-Event-ID": str(records[-1].id)}, sessionId=session_id
+    )
+    assert [e.event for e in rest] == ["stdout", "exit"] and rest[0].data["data"] == "b\n"
