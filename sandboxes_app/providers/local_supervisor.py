@@ -5,10 +5,11 @@ Started by local_detached.start_supervisor as `python -E -s -m <this module> SPE
 session of its own, stdin and stdout on /dev/null, with HOST_ENV. Everything is prepared for it
 (the chain's argv from command_argv, the script memfd, the seccomp filter, the fds of the
 sandbox's namespaces, the cgroup run, the locked marker, the open log), so it needs neither
-Django nor the database: it starts the chain at once, then pumps its output into the log, kills
-the tree on timeout or on SIGTERM (a kill request), writes the exit record, frees the
-account's command slot and wakes readers on the bus. It runs nothing a client sent: the
-client's argv, env and cwd are only in the script that the sandbox's final shell reads.
+Django's setup nor the database: it connects to the bus, starts the chain, pumps its output into
+the log (waking readers on the bus after each append), kills the tree on timeout or on SIGTERM
+(a kill request), writes the exit record, frees the account's command slot and wakes readers
+once more. It runs nothing a client sent: the client's argv, env and cwd are only in the
+script that the sandbox's final shell reads.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -58,12 +58,7 @@ class Supervisor:
         self.truncated = False
         self.killed = False
         self.held = {STDOUT: b"", STDERR: b""}  # an incomplete UTF-8 character, per stream
-        # recoup.bus brings Django's settings module and redis (about 0.2 s to import): a
-        # thread imports it while the command starts and runs; wake-ups before it is ready
-        # are covered by the one it sends when it is.
-        self.publish = None
-        self._bus_loader = threading.Thread(target=self._load_bus, daemon=True)
-        self._bus_loader.start()
+        self.publish = _publisher(spec["hooks"])
         cgroups = spec["cgroups"]
         self.cgroups = (
             CgroupBackend(
@@ -147,15 +142,6 @@ class Supervisor:
         if self.publish is not None:
             self.publish({"offset": self.offset, **extra})
 
-    def _load_bus(self) -> None:
-        from recoup.bus import publish_to
-
-        hooks = self.spec["hooks"]
-        self.publish = functools.partial(
-            publish_to, hooks["channel"], redis_url=hooks["redis_url"], data_dir=hooks["data_dir"]
-        )
-        self.notify()
-
     # -- the end -----------------------------------------------------------------------------
 
     def finish(self, *, code: int | None, timed_out: bool) -> None:
@@ -192,7 +178,6 @@ class Supervisor:
                     redis_url=hooks["redis_url"],
                     data_dir=hooks["data_dir"],
                 )
-        self._bus_loader.join()
         self.notify(exit=True)
         if self.cgroups is not None:
             self.cgroups.release_run(spec["run_id"])
@@ -214,6 +199,20 @@ def _utf8_complete(data: bytes) -> int:
         need = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4
         return len(data) - back if byte >= 0xC0 and need > back else len(data)
     return len(data)
+
+
+def _publisher(hooks: dict):
+    """What wakes the log's readers: recoup.bus, connected before the command starts (its
+    import, with Django's settings module and redis, is most of our 0.2 s start-up), so no
+    line the command prints waits for it. Without it readers still find every line, at
+    their keep-alive."""
+    try:
+        from recoup.bus import publish_to
+    except Exception:  # noqa: BLE001 - the log is the truth; wake-ups only save latency
+        return None
+    return functools.partial(
+        publish_to, hooks["channel"], redis_url=hooks["redis_url"], data_dir=hooks["data_dir"]
+    )
 
 
 if __name__ == "__main__":
