@@ -187,11 +187,15 @@ def _sse(follow: Iterator) -> Iterator[bytes]:
             yield KEEPALIVE
         elif isinstance(item, Command):
             yield sse_event(event="exit", data=_exit_body(item))
-        elif item.stream == "truncated":
-            yield sse_event(event="truncated", data={"truncated": True}, id=item.end)
         else:
-            data = {"stream": item.stream, "data": _text(item)}
-            yield sse_event(event=item.stream, data=data, id=item.end)
+            yield b"".join(_sse_record(record) for record in item)
+
+
+def _sse_record(record: LogRecord) -> bytes:
+    if record.stream == "truncated":
+        return sse_event(event="truncated", data={"truncated": True}, id=record.end)
+    data = {"stream": record.stream, "data": _text(record)}
+    return sse_event(event=record.stream, data=data, id=record.end)
 
 
 def _ndjson(follow: Iterator) -> Iterator[bytes]:
@@ -200,10 +204,14 @@ def _ndjson(follow: Iterator) -> Iterator[bytes]:
             yield b"\n"
         elif isinstance(item, Command):
             yield ndjson_line(_exit_body(item))
-        elif item.stream == "truncated":
-            yield ndjson_line({"truncated": True, "offset": item.end})
         else:
-            yield ndjson_line({"stream": item.stream, "data": _text(item), "offset": item.end})
+            yield b"".join(_ndjson_record(record) for record in item)
+
+
+def _ndjson_record(record: LogRecord) -> bytes:
+    if record.stream == "truncated":
+        return ndjson_line({"truncated": True, "offset": record.end})
+    return ndjson_line({"stream": record.stream, "data": _text(record), "offset": record.end})
 
 
 class CommandKillView(APIView):

@@ -202,9 +202,12 @@ def command_log_offset_valid(*, command: Command, offset: int) -> bool:
     )
 
 
-def command_log_follow(*, command: Command, offset: int) -> Iterator[LogRecord | Command | None]:
-    """The command's log from `offset` as it is written: its records, None whenever
-    STREAM_KEEPALIVE_SECONDS pass without one, and last the command with its exit recorded.
+def command_log_follow(
+    *, command: Command, offset: int
+) -> Iterator[list[LogRecord] | Command | None]:
+    """The command's log from `offset` as it is written: its records (in batches, as they are
+    read), None whenever STREAM_KEEPALIVE_SECONDS pass without any, and last the command with
+    its exit recorded.
     Past STREAM_MAX_SECONDS it stops without the command (the reader resumes from the last
     record's `end`).
 
@@ -219,7 +222,7 @@ def command_log_follow(*, command: Command, offset: int) -> Iterator[LogRecord |
             command = command_refresh(command=command, provider=provider)
             release_db_connection()
             while records := provider.detached_log(name=name, command_id=command.id, offset=offset):
-                yield from records
+                yield records
                 offset = records[-1].end
             if command.finished_at is not None:
                 yield command
