@@ -119,6 +119,7 @@ def command_start(
             sandbox.refresh_from_db()
             oneshot_require_running(sandbox)
         raise UpstreamError(f"The sandbox provider failed: {public_text(str(exc))}") from exc
+    logger.info("detached command %s started sandbox=%s", command.id, sandbox.name)
     return command
 
 
@@ -167,6 +168,15 @@ def _record_exit(command: Command, *, done: DetachedExit | None, provider: Sandb
             "killed": done.killed,
         }
     recorded = Command.objects.filter(id=command.id, finished_at__isnull=True).update(**changes)
+    if recorded:
+        logger.info(
+            "detached command %s ended exit_code=%s timed_out=%s killed=%s%s",
+            command.id,
+            changes.get("exit_code"),
+            changes.get("timed_out", False),
+            changes["killed"],
+            "" if done is not None else " (its supervisor left no record)",
+        )
     if recorded and command.quota_slot:
         # Its supervisor frees the slot itself; not if it died first.
         command_slot_release(account_id=str(command.account_id), slot=command.quota_slot)
