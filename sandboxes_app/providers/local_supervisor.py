@@ -75,15 +75,20 @@ class Supervisor:
         started = time.monotonic()
         kill = functools.partial(kill_tree, cgroups=self.cgroups, run_id=spec["run_id"])
         try:
+            # Killed, or its sandbox stopped, while we were starting: it never runs.
+            if self.kill_requested() or not self.init_alive():
+                self.finish(code=None, timed_out=False)
+                return
             proc = spawn_chain(
                 argv=spec["argv"], script_fd=spec["script_fd"], pass_fds=tuple(spec["pass_fds"])
             )
         except OSError:
             self.finish(code=None, timed_out=False)
             raise
-        # The chain holds what it needs; we keep no fd of the sandbox's namespaces or root.
-        for fd in (spec["script_fd"], *spec["pass_fds"]):
-            os.close(fd)
+        finally:
+            # The chain holds what it needs; we keep no fd of the sandbox's namespaces or root.
+            for fd in (spec["script_fd"], *spec["pass_fds"]):
+                os.close(fd)
 
         def on_wake() -> None:
             with contextlib.suppress(BlockingIOError):
@@ -181,6 +186,12 @@ class Supervisor:
         self.notify(exit=True)
         if self.cgroups is not None:
             self.cgroups.release_run(spec["run_id"])
+
+    def kill_requested(self) -> bool:
+        try:
+            return bool(os.read(self.wake_fd, 64))
+        except BlockingIOError:
+            return False
 
     def init_alive(self) -> bool:
         init = self.spec["init"]

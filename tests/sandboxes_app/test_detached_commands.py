@@ -426,3 +426,24 @@ def test_a_quiet_stream_sends_keep_alives_ends_at_its_deadline_and_resumes(
         owner, command_id, headers={"Last-Event-ID": str(records[-1].id)}, sessionId=session_id
     )
     assert [e.event for e in rest] == ["stdout", "exit"] and rest[0].data["data"] == "b\n"
+
+
+def test_destroying_a_oneshot_sandbox_records_its_running_command_killed(owner, repo_url):
+    sandbox_id = owner.client.post("/api/sandbox", {"repoUrl": repo_url}, format="json").json()[
+        "sandboxId"
+    ]
+    started = owner.client.post(
+        "/api/sandbox/commands",
+        {"sandboxId": sandbox_id, "cmd": "sleep", "args": ["100"], "detached": True},
+        format="json",
+    )
+    command_id = started.json()["commandId"]
+
+    destroyed = owner.client.post("/api/sandbox/destroy", {"sandboxId": sandbox_id}, format="json")
+
+    assert destroyed.status_code == 200
+    row = Command.objects.get(id=command_id)  # recorded by the destroy itself, nobody asked
+    assert (row.killed, row.exit_code) == (True, None), (row.exit_code, row.timed_out)
+    assert row.finished_at is not None
+    body = get_command(owner, command_id, sandboxId=sandbox_id).json()
+    assert body["killed"] is True and body["exitCode"] is None
