@@ -110,7 +110,7 @@ def log_read(path: Path, *, offset: int, max_bytes: int) -> list[LogRecord]:
     except FileNotFoundError:
         return []
     try:
-        data = os.pread(fd, max_bytes, offset)
+        data = os.pread(fd, max(max_bytes, HEADER.size), offset)
         if len(data) >= HEADER.size:
             wanted = HEADER.size + HEADER.unpack_from(data)[1]
             if wanted > len(data):  # one record larger than max_bytes: read it whole

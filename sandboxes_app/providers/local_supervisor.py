@@ -35,6 +35,9 @@ from sandboxes_app.providers.local_commands import (
 from sandboxes_app.providers.local_detached import log_append
 from sandboxes_app.providers.local_layout import process_start_time, write_json
 
+_SLOW_PUBLISH = 0.5
+_QUIET_SECONDS = 5.0
+
 
 def main(spec_fd: int) -> None:
     with os.fdopen(spec_fd, "rb") as spec_file:
@@ -59,6 +62,7 @@ class Supervisor:
         self.killed = False
         self.held = {STDOUT: b"", STDERR: b""}  # an incomplete UTF-8 character, per stream
         self.publish = _publisher(spec["hooks"])
+        self.quiet_until = 0.0
         cgroups = spec["cgroups"]
         self.cgroups = (
             CgroupBackend(
@@ -144,8 +148,15 @@ class Supervisor:
         self.notify()
 
     def notify(self, **extra: object) -> None:
-        if self.publish is not None:
-            self.publish({"offset": self.offset, **extra})
+        now = time.monotonic()
+        if self.publish is None or (now < self.quiet_until and not extra):
+            return
+        self.publish({"offset": self.offset, **extra})
+        if time.monotonic() - now > _SLOW_PUBLISH:
+            # The bus is unwell (a publish waits out its timeouts, up to seconds): the pump,
+            # and so the command, must not wait on it. Readers meanwhile find the new records
+            # at their next keep-alive.
+            self.quiet_until = time.monotonic() + _QUIET_SECONDS
 
     # -- the end -----------------------------------------------------------------------------
 
