@@ -37,9 +37,14 @@ def make_origin(base: Path) -> None:
 class WebService:
     """`manage.py web` plus a Celery worker, on a database created here and dropped on exit."""
 
-    def __init__(self, *, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *, extra_env: dict[str, str] | None = None, database_url: str | None = None
+    ) -> None:
+        """`database_url`: an existing database to migrate and use (kept afterwards) instead
+        of one created here."""
         self.db_name = f"recoup_bench_web_{uuid.uuid4().hex[:8]}"
-        self.db_url = ADMIN_URL.rsplit("/", 1)[0] + f"/{self.db_name}"
+        self.own_db = database_url is None
+        self.db_url = database_url or ADMIN_URL.rsplit("/", 1)[0] + f"/{self.db_name}"
         self.data_dir = tempfile.mkdtemp(prefix="recoup-bench-web-")
         origins = Path(self.data_dir) / "origins"
         make_origin(origins)
@@ -67,8 +72,9 @@ class WebService:
         ).stdout
 
     def __enter__(self) -> "WebService":
-        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{self.db_name}"')
+        if self.own_db:
+            with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+                conn.execute(f'CREATE DATABASE "{self.db_name}"')
         self.manage("migrate", "--noinput")
         log = open(Path(self.data_dir) / "service.log", "ab")  # noqa: SIM115
         self.procs = [
@@ -110,8 +116,9 @@ class WebService:
             check=False,
         )
         subprocess.run(["rm", "-rf", self.data_dir], check=False)
-        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
+        if self.own_db:
+            with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
 
     def api_key(self, email: str) -> str:
         return self.manage("create_api_key", "--email", email).strip().splitlines()[-1]

@@ -220,7 +220,11 @@ def _hibernate_claimed(
                 transaction.set_rollback(True)
                 return None
         crash_point("hibernate_snapshot_recorded")
-        # Only now, with a verified snapshot recorded, may the workspace go.
+        # Only now, with a verified snapshot recorded, may the workspace go. Its detached
+        # commands die with it: stopped first, their exits are recorded before their records
+        # go with the sandbox's directory.
+        provider.stop(name=name)
+        _settle_commands(sandbox_name=name)
         provider.destroy(name=name)
         Sandbox.objects.filter(session=session).mark_destroyed()
     elif session.current_snapshot is None:
@@ -247,6 +251,13 @@ def _hibernate_claimed(
     if done is not None and previous is not None and previous.id != done.current_snapshot_id:
         snapshot_discard(snapshot=previous, provider=provider)
     return done
+
+
+def _settle_commands(*, sandbox_name: str) -> None:
+    # Imported here: sandboxes_app.commands uses the session services, which import this module.
+    from sandboxes_app.commands import commands_settle
+
+    commands_settle(sandbox_name=sandbox_name)
 
 
 def snapshots_drop_unrecorded(*, session_id: str) -> int:

@@ -25,7 +25,7 @@ from pathlib import Path
 import redis
 from django.conf import settings
 
-from recoup.throttling import redis_client
+from recoup.redis_clients import redis_client
 
 logger = logging.getLogger("recoup.bus")
 
@@ -36,15 +36,21 @@ MAX_MESSAGE_BYTES = 64 * 1024
 def publish(channel: str, message: dict) -> None:
     """Send `message` to the channel's current subscribers; never raises (the record is the
     truth, so a message that cannot go out is logged and dropped)."""
+    publish_to(channel, message, redis_url=settings.REDIS_URL, data_dir=settings.DATA_DIR)
+
+
+def publish_to(channel: str, message: dict, *, redis_url: str, data_dir: str | Path) -> None:
+    """`publish` to the bus that REDIS_URL and DATA_DIR name, without reading Django's
+    settings: for a process that runs without them (a detached command's supervisor)."""
     payload = json.dumps(message, separators=(",", ":")).encode()
     if len(payload) > MAX_MESSAGE_BYTES:
         logger.warning("bus message on %s dropped: %d bytes", channel, len(payload))
         return
     try:
-        if settings.REDIS_URL:
-            redis_client(settings.REDIS_URL).publish(_redis_channel(channel), payload)
+        if redis_url:
+            redis_client(redis_url).publish(_redis_channel(channel), payload)
         else:
-            _local_publish(channel, payload)
+            _local_publish(channel, payload, data_dir=data_dir)
     except (OSError, redis.RedisError) as exc:
         logger.warning("bus message on %s dropped: %s", channel, exc)
 
@@ -120,9 +126,9 @@ class _RedisSubscription(Subscription):
             self._pubsub = None
 
 
-def _local_dir(channel: str) -> Path:
+def _local_dir(channel: str, data_dir: str | Path | None = None) -> Path:
     digest = hashlib.sha256(channel.encode()).hexdigest()[:24]
-    return Path(settings.DATA_DIR) / "bus" / digest
+    return Path(settings.DATA_DIR if data_dir is None else data_dir) / "bus" / digest
 
 
 @contextlib.contextmanager
@@ -136,8 +142,8 @@ def _short_path(directory: Path):
         os.close(fd)
 
 
-def _local_publish(channel: str, payload: bytes) -> None:
-    directory = _local_dir(channel)
+def _local_publish(channel: str, payload: bytes, *, data_dir: str | Path) -> None:
+    directory = _local_dir(channel, data_dir)
     try:
         names = [name for name in os.listdir(directory) if name.endswith(".sock")]
     except FileNotFoundError:

@@ -268,6 +268,9 @@ SANDBOX_MAX_LIFETIME = env_int("SANDBOX_MAX_LIFETIME", 6 * 3600, minimum=1)
 SANDBOX_COMMAND_TIMEOUT = env_int("SANDBOX_COMMAND_TIMEOUT", 60, minimum=1)
 SANDBOX_COMMAND_MAX_TIMEOUT = env_int("SANDBOX_COMMAND_MAX_TIMEOUT", 600, minimum=1)
 SANDBOX_OUTPUT_CAP = env_int("SANDBOX_OUTPUT_CAP", 1024 * 1024, minimum=1024)
+# A detached command's log keeps its first this many bytes of output (stdout and stderr
+# together), then one truncation marker; the command's output is drained past it.
+SANDBOX_COMMAND_LOG_BYTES = env_int("SANDBOX_COMMAND_LOG_BYTES", 4 * 1024 * 1024, minimum=1024)
 SANDBOX_MEMORY_MB = env_int("SANDBOX_MEMORY_MB", 2048, minimum=64)
 SANDBOX_MAX_PROCESSES = env_int("SANDBOX_MAX_PROCESSES", 512, minimum=16)
 SANDBOX_MAX_FILE_MB = env_int("SANDBOX_MAX_FILE_MB", 1024, minimum=1)

@@ -12,7 +12,6 @@ import logging
 import math
 import threading
 import time
-from functools import cache
 from typing import TYPE_CHECKING
 
 import redis
@@ -20,18 +19,13 @@ from django.conf import settings
 from rest_framework.request import Request
 from rest_framework.throttling import UserRateThrottle
 
+from recoup.redis_clients import redis_client
+
 if TYPE_CHECKING:  # DRF's views import the throttle classes from settings
     from rest_framework.views import APIView
 
 _KEY_PREFIX = "recoup:rate:"
 logger = logging.getLogger("recoup.throttling")
-
-
-@cache
-def redis_client(url: str) -> redis.Redis:
-    """One client, and so one connection pool, per process and URL (redis-py's pool is
-    thread-safe and reconnects in a forked child)."""
-    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
 
 
 class _LocalCounters:

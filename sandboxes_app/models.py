@@ -1,3 +1,4 @@
+import re
 import secrets
 import uuid
 
@@ -146,3 +147,54 @@ class Sandbox(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+COMMAND_ID = re.compile(r"cmd_[0-9a-f]{32}")
+
+
+def new_command_id() -> str:
+    """`cmd_` and 128 random bits: the only handle on a detached command, so unguessable."""
+    return f"cmd_{secrets.token_hex(16)}"
+
+
+class Command(models.Model):
+    """A detached command (POST /api/sandbox/commands with `detached`), in a session's sandbox
+    or a one-shot sandbox. Its supervisor on the host runs it and writes its log and exit;
+    this row is what the API answers from. The exit columns are written once, by a
+    compare-and-set on `finished_at` being null: from the supervisor's exit record, or as
+    killed when the supervisor went away without one."""
+
+    id = models.CharField(primary_key=True, max_length=36, default=new_command_id, editable=False)
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="commands")
+    session = models.ForeignKey(
+        "sessions_app.Session",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="commands",
+    )
+    sandbox = models.ForeignKey(Sandbox, on_delete=models.CASCADE, related_name="commands")
+    cmd = models.TextField()
+    args = models.JSONField(default=list)
+    timeout_ms = models.IntegerField()
+    # The account's command slot it holds while it runs; freed by the supervisor at exit, and
+    # again (harmlessly) by whoever records the exit.
+    quota_slot = models.CharField(max_length=32, blank=True, default="")
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    timed_out = models.BooleanField(default=False)
+    killed = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-started_at"]
+        indexes = [
+            models.Index(
+                fields=["sandbox"],
+                condition=Q(finished_at__isnull=True),
+                name="command_running",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.id

@@ -133,7 +133,14 @@ def oneshot_sandbox_destroy(*, sandbox: Sandbox, actor: str, reason: str) -> boo
         raise ValueError(f"{sandbox.name} belongs to a session; hibernate or archive it instead")
     if sandbox.destroyed_at is not None:
         return False
-    get_provider().destroy(name=sandbox.name)
+    provider = get_provider()
+    # Its detached commands die with it: stopped first, their exits are recorded before their
+    # records go with the sandbox's directory.
+    provider.stop(name=sandbox.name)
+    from sandboxes_app.commands import commands_settle  # it imports this module
+
+    commands_settle(sandbox_name=sandbox.name)
+    provider.destroy(name=sandbox.name)
     recorded = Sandbox.objects.filter(id=sandbox.id, session__isnull=True).mark_destroyed() == 1
     if recorded:
         logger.info("oneshot destroyed sandbox=%s reason=%s actor=%s", sandbox.name, reason, actor)

@@ -7,19 +7,13 @@ the setting (personal sessions and one-shot sandboxes always meet the setting).
 
 Live sandboxes are counted in the database under a row lock on the Account, in the same
 transaction as the claim or insert that takes the slot, so two workers cannot both take the
-last one. Commands hold leases: a Redis sorted set per account (one Lua script checks and adds)
-when REDIS_URL is set, otherwise a JSON file per account under RECOUP_DATA_DIR rewritten under
-flock. A lease lasts the command's timeout plus a grace, so a crashed request frees its slot.
+last one. Commands hold leases (sandboxes_app.command_leases): a Redis sorted set per account
+when REDIS_URL is set, otherwise a JSON file per account under RECOUP_DATA_DIR. A lease lasts
+the command's timeout plus a grace, so a crashed request frees its slot.
 """
 
-import fcntl
-import json
-import os
-import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
@@ -29,6 +23,7 @@ from django.utils import timezone
 from lifecycle.states import LifecycleState as S
 from recoup.accounts.models import Account, Organization
 from recoup.errors import TooManyRequests
+from sandboxes_app.command_leases import lease_acquire, lease_release
 from sandboxes_app.models import Sandbox
 from sessions_app.models import Session
 
@@ -96,11 +91,12 @@ def sandbox_quota_check(
         )
 
 
-@contextmanager
-def command_slot(
+def command_slot_take(
     *, account_id: object, organization_id: object, timeout_s: float | None
-) -> Iterator[None]:
-    """Hold one of the account's command slots for the block, or raise TooManyRequests."""
+) -> str:
+    """Take one of the account's command slots for a command of `timeout_s` (the default
+    command timeout when None) and return its lease id, or raise TooManyRequests. The lease
+    runs out by itself `COMMAND_LEASE_GRACE` seconds after the timeout."""
     limit, source = _limit(
         organization_id=organization_id,
         field="max_commands_per_account",
@@ -115,6 +111,17 @@ def command_slot(
             "retry when one finishes",
             retry_after=COMMAND_RETRY_AFTER,
         )
+    return slot
+
+
+@contextmanager
+def command_slot(
+    *, account_id: object, organization_id: object, timeout_s: float | None
+) -> Iterator[None]:
+    """Hold one of the account's command slots for the block, or raise TooManyRequests."""
+    slot = command_slot_take(
+        account_id=account_id, organization_id=organization_id, timeout_s=timeout_s
+    )
     try:
         yield
     finally:
@@ -123,89 +130,15 @@ def command_slot(
 
 def command_slot_acquire(*, account_id: str, limit: int, lease_seconds: float) -> str | None:
     """A new lease id when fewer than `limit` unexpired leases exist, else None."""
-    slot = uuid.uuid4().hex
-    now = time.time()
-    if settings.REDIS_URL:
-        taken = _redis_acquire(
-            _redis_key(account_id), slot=slot, now=now, expiry=now + lease_seconds, limit=limit
-        )
-    else:
-        taken = _file_acquire(
-            _lease_file(account_id), slot=slot, now=now, expiry=now + lease_seconds, limit=limit
-        )
-    return slot if taken else None
+    return lease_acquire(
+        account_id=account_id, limit=limit, lease_seconds=lease_seconds, **_store()
+    )
 
 
 def command_slot_release(*, account_id: str, slot: str) -> None:
-    if settings.REDIS_URL:
-        _redis_client().zrem(_redis_key(account_id), slot)
-    else:
-        with _locked_leases(_lease_file(account_id)) as leases:
-            leases.pop(slot, None)
+    lease_release(account_id=account_id, slot=slot, **_store())
 
 
-# --- Redis: a sorted set of lease ids scored by expiry; the key outlives its last lease --------
-
-_ACQUIRE = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return 0 end
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-redis.call('PEXPIRE', KEYS[1], math.ceil((tonumber(last[2]) - tonumber(ARGV[1])) * 1000))
-return 1
-"""
-_redis_clients: dict = {}
-
-
-def _redis_client() -> object:
-    """One client (and connection pool) per URL for the process, not one per call."""
-    url = settings.REDIS_URL
-    if url not in _redis_clients:
-        import redis
-
-        _redis_clients[url] = redis.Redis.from_url(url)
-    return _redis_clients[url]
-
-
-def _redis_key(account_id: str) -> str:
-    return f"recoup:quota:commands:{account_id}"
-
-
-def _redis_acquire(key: str, *, slot: str, now: float, expiry: float, limit: int) -> bool:
-    client = _redis_client()
-    return bool(client.eval(_ACQUIRE, 1, key, repr(now), repr(expiry), slot, limit))
-
-
-# --- No Redis (the embedded default, one host): a lease file per account under flock ----------
-
-
-def _lease_file(account_id: str) -> Path:
-    directory = Path(settings.DATA_DIR) / "quotas" / "commands"
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory / f"{uuid.UUID(account_id).hex}.json"
-
-
-@contextmanager
-def _locked_leases(path: Path) -> Iterator[dict[str, float]]:
-    """The file's unexpired leases, written back when the block ends; flock excludes every
-    other process and thread (each call opens its own file description)."""
-    with open(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            leases = json.loads(handle.read() or "{}")
-        except ValueError:
-            leases = {}  # a torn write by a crashed process: its leases are lost, not ours
-        now = time.time()
-        leases = {slot: expiry for slot, expiry in leases.items() if expiry > now}
-        yield leases
-        handle.seek(0)
-        handle.truncate()
-        handle.write(json.dumps(leases))
-
-
-def _file_acquire(path: Path, *, slot: str, now: float, expiry: float, limit: int) -> bool:
-    with _locked_leases(path) as leases:
-        if len(leases) >= limit:
-            return False
-        leases[slot] = expiry
-        return True
+def _store() -> dict:
+    """Where leases live (sandboxes_app.command_leases): Redis, else files under DATA_DIR."""
+    return {"redis_url": settings.REDIS_URL, "data_dir": settings.DATA_DIR}

@@ -3,7 +3,7 @@
 from rest_framework import serializers
 
 from lifecycle.states import LifecycleState
-from recoup.fields import StrictCharField, StrictIntegerField
+from recoup.fields import StrictBooleanField, StrictCharField, StrictIntegerField
 from sandboxes_app.providers.base import MAX_ENV_VALUE, MAX_ENV_VARS, env_problem
 from sessions_app.models import PROVISIONING_PHASES
 
@@ -185,7 +185,23 @@ class CommandRequestSerializer(serializers.Serializer):
             "sandbox."
         ),
     )
-    timeoutMs = StrictIntegerField(required=False, min_value=1)
+    timeoutMs = StrictIntegerField(
+        required=False,
+        min_value=1,
+        help_text=(
+            "Kill the command's whole tree after this many milliseconds, at most "
+            "SANDBOX_COMMAND_MAX_TIMEOUT. Default SANDBOX_COMMAND_TIMEOUT, or "
+            "SANDBOX_COMMAND_MAX_TIMEOUT for a detached command."
+        ),
+    )
+    detached = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text=(
+            "Answer 202 with the command's id at once and let it run on: follow it at "
+            "`GET /api/sandbox/commands/{commandId}` and its `/logs`, end it with `/kill`."
+        ),
+    )
 
     def get_fields(self) -> dict:
         fields = super().get_fields()

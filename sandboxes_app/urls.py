@@ -1,5 +1,6 @@
 from django.urls import path
 
+from sandboxes_app.command_views import CommandKillView, CommandLogsView, CommandView
 from sandboxes_app.event_views import SandboxEventsView
 from sandboxes_app.legacy_views import SandboxesView
 from sandboxes_app.oneshot_views import OneshotDestroyView
@@ -18,6 +19,17 @@ urlpatterns = [
     path("sandbox/status", SandboxStatusView.as_view(), name="sandbox-status"),
     path("sandbox/reconnect", SandboxReconnectView.as_view(), name="sandbox-reconnect"),
     path("sandbox/commands", SandboxCommandView.as_view(), name="sandbox-commands"),
+    path("sandbox/commands/<str:command_id>", CommandView.as_view(), name="sandbox-command"),
+    path(
+        "sandbox/commands/<str:command_id>/logs",
+        CommandLogsView.as_view(),
+        name="sandbox-command-logs",
+    ),
+    path(
+        "sandbox/commands/<str:command_id>/kill",
+        CommandKillView.as_view(),
+        name="sandbox-command-kill",
+    ),
     path("sandbox/activity", SandboxActivityView.as_view(), name="sandbox-activity"),
     path("sandbox/extend", SandboxExtendView.as_view(), name="sandbox-extend"),
     path("sandbox/hibernate", SandboxHibernateView.as_view(), name="sandbox-hibernate"),

@@ -15,7 +15,9 @@ from rest_framework.views import APIView
 from lifecycle.hibernation import session_hibernate_request
 from recoup.api import validated
 from recoup.schema import ERROR_RESPONSES
-from sandboxes_app import oneshots, selectors, services
+from sandboxes_app import commands, oneshots, selectors, services
+from sandboxes_app.command_serializers import DetachedCommandStartedSerializer
+from sandboxes_app.command_views import command_started_body
 from sandboxes_app.git.urls import parse_repo_url
 from sandboxes_app.serializers import (
     CommandRequestSerializer,
@@ -184,11 +186,18 @@ class SandboxCommandView(APIView):
             "`sessionId` it runs in that one-shot sandbox: 404 unless the caller owns it, 409 "
             "once it is destroyed or expired. 429 with Retry-After when the "
             "account already runs its quota of commands at once "
-            "(SANDBOX_MAX_COMMANDS_PER_ACCOUNT or its organization's override)."
+            "(SANDBOX_MAX_COMMANDS_PER_ACCOUNT or its organization's override). With "
+            "`detached: true` it answers 202 with the command's id as soon as the command runs "
+            "(the same checks first), and the command goes on, holding its command slot, until "
+            "it ends, its timeout (default SANDBOX_COMMAND_MAX_TIMEOUT) or a kill: see "
+            "`GET /api/sandbox/commands/{commandId}`, its `/logs` and `/kill`."
         ),
         request=CommandRequestSerializer,
         responses={
             200: CommandResponseSerializer,
+            202: OpenApiResponse(
+                DetachedCommandStartedSerializer, "With `detached`: the command is running."
+            ),
             **ERROR_RESPONSES(
                 400,
                 401,
@@ -223,6 +232,13 @@ class SandboxCommandView(APIView):
             "env": data.get("env"),
             "timeout_s": timeout_s,
         }
+        if data["detached"]:
+            started = commands.command_start(
+                session=None if "sandboxId" in data else session,
+                sandbox=sandbox if "sandboxId" in data else None,
+                **command,
+            )
+            return Response(command_started_body(started), status=status.HTTP_202_ACCEPTED)
         if "sandboxId" in data:
             result = oneshots.oneshot_command_run(sandbox=sandbox, **command)
         else:

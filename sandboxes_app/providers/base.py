@@ -123,6 +123,52 @@ class CommandResult:
     truncated: bool  # stdout or stderr hit the output cap
 
 
+@dataclass(frozen=True)
+class DetachedHooks:
+    """What a detached command's supervisor does besides running the command, with no Django
+    settings to read: after each append to its log and once at exit it wakes readers on
+    `channel` of the bus that `redis_url` / `data_dir` name (recoup.bus.publish_to), and at
+    exit it frees the account's command slot `lease_slot` (sandboxes_app.command_leases)."""
+
+    channel: str
+    redis_url: str
+    data_dir: str
+    account_id: str
+    lease_slot: str | None = None
+
+
+@dataclass(frozen=True)
+class DetachedExit:
+    """How a detached command ended, as its supervisor recorded it."""
+
+    exit_code: int | None  # None when it was killed or timed out
+    finished_at: datetime
+    timed_out: bool
+    killed: bool  # by a kill request, or with its sandbox
+    truncated: bool  # its log reached SANDBOX_COMMAND_LOG_BYTES
+
+
+@dataclass(frozen=True)
+class DetachedStatus:
+    """`running` while its supervisor lives; otherwise `exit` is its record, or None when the
+    supervisor went away without writing one (killed itself, a host restart, its sandbox
+    deleted): the caller records it as killed."""
+
+    running: bool
+    exit: DetachedExit | None = None
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One record of a detached command's log: `stream` is stdout, stderr or truncated (the
+    one marker written where the log reached its cap); `end` is the byte offset in the log
+    after this record, which a reader resumes from."""
+
+    stream: str
+    data: bytes
+    end: int
+
+
 class SandboxStatus(enum.StrEnum):
     RUNNING = "running"  # runtime up, commands can run
     STOPPED = "stopped"  # workspace on disk, runtime gone
@@ -191,6 +237,43 @@ class SandboxProvider(abc.ABC):
         `cwd` is relative to, or inside, /workspace. On timeout the command's whole process tree
         is killed. Background processes it leaves behind keep running until the sandbox stops.
         """
+
+    def start_detached(
+        self,
+        *,
+        name: str,
+        command_id: str,
+        argv: list[str],
+        cwd: str | None,
+        env: dict[str, str] | None,
+        timeout_s: float,
+        hooks: DetachedHooks,
+    ) -> None:
+        """Start argv as `run` would, under a supervisor that outlives the caller: it appends
+        the output to the command's log, kills the tree at `timeout_s`, records the exit and
+        runs `hooks`. Returns once the command is on its way. `command_id` names it from now
+        on, from any process."""
+        raise ProviderError(f"The {self.name} provider cannot run detached commands")
+
+    def detached_status(self, *, name: str, command_id: str) -> DetachedStatus:
+        raise ProviderError(f"The {self.name} provider cannot run detached commands")
+
+    def detached_log(
+        self, *, name: str, command_id: str, offset: int, max_bytes: int = 1 << 20
+    ) -> list[LogRecord]:
+        """The complete records of the command's log from byte `offset` on (about `max_bytes`
+        of them at most); none when it has no more yet, or its log is gone with its sandbox."""
+        raise ProviderError(f"The {self.name} provider cannot run detached commands")
+
+    def detached_log_offset_valid(self, *, name: str, command_id: str, offset: int) -> bool:
+        """True when `offset` is where a record of the log ends (or 0), so reading resumes
+        there; any offset is valid once the log is gone."""
+        raise ProviderError(f"The {self.name} provider cannot run detached commands")
+
+    def detached_kill(self, *, name: str, command_id: str) -> bool:
+        """Ask the command's supervisor to kill its whole tree (it then records the exit);
+        False when the supervisor is gone, after making sure nothing of the command runs."""
+        raise ProviderError(f"The {self.name} provider cannot run detached commands")
 
     @abc.abstractmethod
     def running_commands(self, *, name: str) -> int:

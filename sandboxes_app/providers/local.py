@@ -9,6 +9,7 @@ all act on the same sandbox; `run` takes no lock, so commands run concurrently.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import hashlib
@@ -17,6 +18,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -32,8 +34,11 @@ from sandboxes_app.git.commands import (
 from sandboxes_app.git.tree import file_tree
 from sandboxes_app.providers.base import (
     CommandResult,
+    DetachedHooks,
+    DetachedStatus,
     FileTreeEntry,
     GitSource,
+    LogRecord,
     Progress,
     ProviderError,
     SandboxInfo,
@@ -59,6 +64,14 @@ from sandboxes_app.providers.local_commands import (
     kill_tree,
     resolve_cwd,
     run_marker,
+)
+from sandboxes_app.providers.local_detached import (
+    DetachedFiles,
+    detached_status,
+    log_boundary,
+    log_read,
+    signal_supervisor,
+    start_supervisor,
 )
 from sandboxes_app.providers.local_identity import (
     claim_identity,
@@ -136,6 +149,7 @@ class LocalProvider(SandboxProvider):
         max_command_timeout: float,
         output_cap: int,
         disk_mb: int = 0,
+        log_cap: int = 4 * 1024 * 1024,
     ) -> None:
         self.root = Path(root)
         self.isolation = isolation
@@ -146,6 +160,7 @@ class LocalProvider(SandboxProvider):
         self.command_timeout = command_timeout
         self.max_command_timeout = max_command_timeout
         self.output_cap = output_cap
+        self.log_cap = log_cap
         self.cgroup_backend: CgroupBackend = detect_backend(
             choice=settings.SANDBOX_CGROUP, v2_root=settings.SANDBOX_CGROUP2_ROOT
         )
@@ -175,6 +190,7 @@ class LocalProvider(SandboxProvider):
             max_command_timeout=settings.SANDBOX_COMMAND_MAX_TIMEOUT,
             output_cap=settings.SANDBOX_OUTPUT_CAP,
             disk_mb=settings.SANDBOX_DISK_MB,
+            log_cap=settings.SANDBOX_COMMAND_LOG_BYTES,
         )
         if settings.SANDBOX_ISOLATION == "bwrap":
             provider.check_limits()
@@ -639,6 +655,30 @@ class LocalProvider(SandboxProvider):
         return False
 
     def _run(self, *, name, argv, cwd, env, timeout_s, track: bool) -> CommandResult:
+        run_id = uuid.uuid4().hex[:16]
+        with (
+            self._chain(
+                name=name, argv=argv, cwd=cwd, env=env, timeout_s=timeout_s, run_id=run_id
+            ) as chain,
+            contextlib.ExitStack() as stack,
+        ):
+            if chain.cgroups is not None:
+                stack.callback(chain.cgroups.release_run, run_id)
+            if track:
+                stack.enter_context(run_marker(chain.paths))
+            return execute(
+                argv=chain.argv,
+                script_fd=chain.script_fd,
+                pass_fds=chain.pass_fds,
+                command=chain.command,
+                kill_tree=functools.partial(kill_tree, cgroups=chain.cgroups, run_id=run_id),
+            )
+
+    @contextlib.contextmanager
+    def _chain(self, *, name, argv, cwd, env, timeout_s, run_id: str) -> Iterator[_Chain]:
+        """Everything one run of the host chain needs, held for the block: the sandbox and the
+        command checked, its script memfd, the seccomp filter's and the init's fds, and the
+        run's cgroups, made for `run_id` (the caller releases them)."""
         paths = self._paths(name)
         record = live_init(paths)
         if record is None:
@@ -658,20 +698,19 @@ class LocalProvider(SandboxProvider):
             output_cap=self.output_cap,
         )
         cgroups = self._cgroups(name)
-        run_id = uuid.uuid4().hex[:16]
         with contextlib.ExitStack() as stack:
-            if track:
-                stack.enter_context(run_marker(paths))
             script_fd = stack.enter_context(memfd_with(command_script(command), name="command"))
             seccomp_fd = open_seccomp_bpf(root=self.root) if isolated else None
             if seccomp_fd is not None:
                 stack.callback(os.close, seccomp_fd)
             handles = stack.enter_context(init_handles(record)) if isolated else None
-            pass_fds = [*(handles or {}).values(), *([seccomp_fd] if isolated else [])]
+            pass_fds = (*(handles or {}).values(), *([seccomp_fd] if isolated else []))
             procs = cgroups.create_run(run_id) if cgroups else []
-            if cgroups is not None:
-                stack.callback(cgroups.release_run, run_id)
-            return execute(
+            yield _Chain(
+                paths=paths,
+                record=record,
+                command=command,
+                cgroups=cgroups,
                 argv=command_argv(
                     record=record if isolated else None,
                     handles=handles,
@@ -680,10 +719,80 @@ class LocalProvider(SandboxProvider):
                     seccomp_fd=seccomp_fd,
                 ),
                 script_fd=script_fd,
-                pass_fds=tuple(pass_fds),
-                command=command,
-                kill_tree=functools.partial(kill_tree, cgroups=cgroups, run_id=run_id),
+                pass_fds=pass_fds,
             )
+
+    # -- detached commands -----------------------------------------------------------------
+
+    def start_detached(
+        self,
+        *,
+        name: str,
+        command_id: str,
+        argv: list[str],
+        cwd: str | None,
+        env: dict[str, str] | None,
+        timeout_s: float,
+        hooks: DetachedHooks,
+    ) -> None:
+        files = self._files(name, command_id)
+        with self._chain(
+            name=name, argv=argv, cwd=cwd, env=env, timeout_s=timeout_s, run_id=files.run_id
+        ) as chain:
+            backend = self.cgroup_backend
+            spec = {
+                "argv": chain.argv,
+                "script_fd": chain.script_fd,
+                "pass_fds": list(chain.pass_fds),
+                "timeout_s": chain.command.timeout_s,
+                "log_cap": self.log_cap,
+                "run_id": files.run_id,
+                "cgroups": None
+                if chain.cgroups is None
+                else {
+                    "kind": backend.kind,
+                    "v2_root": str(backend.v2_root),
+                    "controllers": sorted(backend.controllers),
+                    "key": chain.cgroups.key,
+                },
+                "init": {"pid": chain.record["pid"], "start_time": chain.record["start_time"]},
+                "hooks": dataclasses.asdict(hooks),
+            }
+            try:
+                start_supervisor(
+                    files=files, spec=spec, pass_fds=(chain.script_fd, *chain.pass_fds)
+                )
+            except BaseException:
+                if chain.cgroups is not None:
+                    chain.cgroups.release_run(files.run_id)
+                raise
+
+    def detached_status(self, *, name: str, command_id: str) -> DetachedStatus:
+        return detached_status(self._files(name, command_id))
+
+    def detached_log(
+        self, *, name: str, command_id: str, offset: int, max_bytes: int = 1 << 20
+    ) -> list[LogRecord]:
+        return log_read(self._files(name, command_id).log, offset=offset, max_bytes=max_bytes)
+
+    def detached_log_offset_valid(self, *, name: str, command_id: str, offset: int) -> bool:
+        return log_boundary(self._files(name, command_id).log, offset=offset)
+
+    def detached_kill(self, *, name: str, command_id: str) -> bool:
+        files = self._files(name, command_id)
+        if signal_supervisor(files):
+            return True
+        # Its supervisor is gone: whatever of the command still runs goes now, so a command
+        # recorded killed is. No process is pid 0: nothing is spared.
+        cgroups = self._cgroups(name)
+        if cgroups is not None:
+            with contextlib.suppress(OSError, ProviderError):
+                cgroups.kill_run(files.run_id, spare=0)
+            cgroups.release_run(files.run_id)
+        return False
+
+    def _files(self, name: str, command_id: str) -> DetachedFiles:
+        return DetachedFiles(runs=self._paths(name).runs, command_id=command_id)
 
     def _probe_cwd(self, name: str) -> str:
         return str(self._paths(name).upper) if self.isolation == "none" else WORKSPACE
@@ -710,6 +819,19 @@ class LocalProvider(SandboxProvider):
 
 def _unheard(phase: str, percent: int | None) -> None:
     """The progress of a create or resume nobody asked to hear."""
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """One run of the host chain, ready to start: what LocalProvider._chain holds open."""
+
+    paths: SandboxPaths
+    record: dict
+    command: Command
+    cgroups: SandboxCgroups | SandboxCgroups2 | None
+    argv: list[str]
+    script_fd: int
+    pass_fds: tuple[int, ...]
 
 
 def _info(meta: dict, *, reused: bool) -> SandboxInfo:

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,13 +152,13 @@ def command_argv(
     return argv + launch
 
 
-def execute(
-    *, argv: list[str], script_fd: int, pass_fds: tuple[int, ...], command: Command, kill_tree
-) -> CommandResult:
-    """Run argv with HOST_ENV and the script as stdin, capture capped output, kill its whole
-    tree on timeout."""
-    started = time.monotonic()
-    proc = subprocess.Popen(
+STDOUT, STDERR = 1, 2
+
+
+def spawn_chain(*, argv: list[str], script_fd: int, pass_fds: tuple[int, ...]) -> subprocess.Popen:
+    """Start the host chain (command_argv) with HOST_ENV and nothing else, the script as its
+    stdin, its output on two pipes, in a session of its own."""
+    return subprocess.Popen(
         argv,
         stdin=script_fd,
         stdout=subprocess.PIPE,
@@ -167,40 +167,75 @@ def execute(
         pass_fds=pass_fds,
         start_new_session=True,
     )
-    deadline = started + command.timeout_s
+
+
+def exit_status(returncode: int) -> int:
+    """A shell's exit status for a chain's return code: 128 + N when signal N ended it."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def execute(
+    *, argv: list[str], script_fd: int, pass_fds: tuple[int, ...], command: Command, kill_tree
+) -> CommandResult:
+    """Run argv with HOST_ENV and the script as stdin, capture capped output, kill its whole
+    tree on timeout."""
+    started = time.monotonic()
+    proc = spawn_chain(argv=argv, script_fd=script_fd, pass_fds=pass_fds)
+    bufs = {STDOUT: bytearray(), STDERR: bytearray()}
+    truncated = False
+
+    def keep(stream: int, chunk: bytes) -> None:
+        nonlocal truncated
+        buf = bufs[stream]
+        room = command.output_cap - len(buf)
+        if len(chunk) > room:
+            truncated = True
+        # Past the cap we keep reading (and dropping) so the child never blocks on a full pipe.
+        if room > 0:
+            buf += chunk[:room]
+
     try:
-        out, err, truncated, timed_out = _collect(
-            proc, deadline=deadline, cap=command.output_cap, kill_tree=kill_tree
-        )
+        timed_out = pump(proc, deadline=started + command.timeout_s, sink=keep, kill_tree=kill_tree)
     finally:
         if proc.poll() is None:
             kill_tree(proc)
         proc.wait()
-    code = proc.returncode
     return CommandResult(
-        exit_code=None if timed_out else (code if code >= 0 else 128 - code),
-        stdout=out.decode("utf-8", errors="replace"),
-        stderr=err.decode("utf-8", errors="replace"),
+        exit_code=None if timed_out else exit_status(proc.returncode),
+        stdout=bufs[STDOUT].decode("utf-8", errors="replace"),
+        stderr=bufs[STDERR].decode("utf-8", errors="replace"),
         duration_ms=int((time.monotonic() - started) * 1000),
         timed_out=timed_out,
         truncated=truncated,
     )
 
 
-def _collect(proc, *, deadline: float, cap: int, kill_tree) -> tuple[bytes, bytes, bool, bool]:
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    bufs = {out_fd: bytearray(), err_fd: bytearray()}
-    truncated = timed_out = False
+def pump(
+    proc: subprocess.Popen,
+    *,
+    deadline: float,
+    sink: Callable[[int, bytes], None],
+    kill_tree: Callable[[subprocess.Popen], None],
+    wake_fd: int | None = None,
+    on_wake: Callable[[], None] | None = None,
+) -> bool:
+    """Hand the chain's output to `sink(STDOUT or STDERR, chunk)` as it comes until the chain
+    has exited, killing its tree at `deadline`; True when it timed out. `on_wake` runs when
+    `wake_fd` turns readable (a detached command's supervisor: a kill was asked for)."""
+    streams = {proc.stdout.fileno(): STDOUT, proc.stderr.fileno(): STDERR}
+    timed_out = False
     exited_at: float | None = None
     # A pidfd turns readable when the command exits, so we notice at once even while a
     # background process it left keeps the pipes open.
     pidfd = os.pidfd_open(proc.pid)
     with selectors.DefaultSelector() as sel:
         sel.register(pidfd, selectors.EVENT_READ)
-        for fd in bufs:
+        for fd in streams:
             sel.register(fd, selectors.EVENT_READ)
+        if wake_fd is not None:
+            sel.register(wake_fd, selectors.EVENT_READ)
         try:
-            while exited_at is None or sel.get_map():
+            while exited_at is None or any(fd in sel.get_map() for fd in streams):
                 now = time.monotonic()
                 if not timed_out and now >= deadline:
                     kill_tree(proc)
@@ -216,23 +251,19 @@ def _collect(proc, *, deadline: float, cap: int, kill_tree) -> tuple[bytes, byte
                         sel.unregister(pidfd)
                         exited_at = time.monotonic()
                         continue
+                    if key.fd == wake_fd:
+                        on_wake()
+                        continue
                     chunk = os.read(key.fd, 65536)
                     if not chunk:
                         sel.unregister(key.fd)
                         continue
-                    buf = bufs[key.fd]
-                    room = cap - len(buf)
-                    if len(chunk) > room:
-                        truncated = True
-                    # Past the cap we keep reading (and dropping) so the child never blocks on
-                    # a full pipe.
-                    if room > 0:
-                        buf += chunk[:room]
+                    sink(streams[key.fd], chunk)
         finally:
             os.close(pidfd)
     proc.stdout.close()
     proc.stderr.close()
-    return bytes(bufs[out_fd]), bytes(bufs[err_fd]), truncated, timed_out
+    return timed_out
 
 
 def resolve_cwd(cwd: str | None) -> str:

@@ -23,8 +23,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from django.conf import settings
-
 from sandboxes_app.providers.base import ProviderError
 
 RANGE = 65536  # ids per sandbox: everything a distribution's packages expect to exist
@@ -64,12 +62,17 @@ class Identity:
 
 def pool() -> tuple[int, int]:
     """(first host id, number of slots) of SANDBOX_ID_POOL_START / SANDBOX_ID_POOL_SLOTS."""
+    # Imported here: a detached command's supervisor imports this module without Django.
+    from django.conf import settings
+
     return settings.SANDBOX_ID_POOL_START, settings.SANDBOX_ID_POOL_SLOTS
 
 
 def check_pool() -> None:
     """Refuse a pool that overlaps an account or group of this host, or an inside id past
     the range. Read from /etc/passwd and /etc/group (what `useradd` writes)."""
+    from django.conf import settings
+
     start, slots = pool()
     end = start + slots * RANGE
     if end > 2**32 - 2:

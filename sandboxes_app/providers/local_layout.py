@@ -38,8 +38,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from django.conf import settings
-
 from sandboxes_app.providers.base import ProviderError, SnapshotInfo
 
 
@@ -50,6 +48,9 @@ def sandbox_ids() -> tuple[int, int]:
     root-only SANDBOX_ROOT); on the host a running sandbox is a pool uid. Read at each use: a
     resumed workspace is re-owned to the current ids.
     """
+    # Imported here: a detached command's supervisor imports this module without Django.
+    from django.conf import settings
+
     return settings.SANDBOX_UID, settings.SANDBOX_GID
 
 
