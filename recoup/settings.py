@@ -146,6 +146,9 @@ WEB_MAX_WAITING = env_int("WEB_MAX_WAITING", max(1, WEB_THREADS - 16), minimum=1
 # STREAM_MAX_SECONDS, so threads come back, and the client reconnects with Last-Event-ID.
 STREAM_MAX_SECONDS = env_int("STREAM_MAX_SECONDS", 300, minimum=1)
 STREAM_KEEPALIVE_SECONDS = env_int("STREAM_KEEPALIVE_SECONDS", 15, minimum=1)
+# Streams one account may hold open in one web process (past it, 429 with Retry-After), so no
+# account takes every waiting slot of a process.
+STREAM_MAX_PER_ACCOUNT = env_int("STREAM_MAX_PER_ACCOUNT", 8, minimum=1)
 # The queue web and beat send to and the worker consumes (one deployment per queue on a shared
 # broker).
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_TASK_DEFAULT_QUEUE", "celery")

@@ -8,6 +8,8 @@ database connection while it waits, sends a keep-alive comment every STREAM_KEEP
 ends after STREAM_MAX_SECONDS so threads come back; a client reconnects with Last-Event-ID.
 """
 
+import collections
+import contextlib
 import json
 import threading
 import time
@@ -17,6 +19,7 @@ from django.conf import settings
 from django.http import HttpRequest, StreamingHttpResponse
 
 from recoup.db import release_db_connection
+from recoup.errors import TooManyRequests
 from recoup.waits import waiting_slot
 
 SSE = "text/event-stream"
@@ -61,15 +64,47 @@ def stream_over(deadline: float) -> bool:
     return shutting_down.is_set() or time.monotonic() >= deadline
 
 
-def stream_response(chunks: Iterator[bytes], *, content_type: str) -> StreamingHttpResponse:
-    """`chunks` as a streaming response holding a waiting slot until it is closed (by its end,
-    a client that went away, or a response that was never sent). Raises the 503 now, before
-    any byte is sent, when the process already waits on WEB_MAX_WAITING things."""
-    slot = waiting_slot()
-    slot.__enter__()
+_accounts_lock = threading.Lock()
+_streams_of: collections.Counter = collections.Counter()
+
+
+@contextlib.contextmanager
+def _account_slot(account_id: object) -> Iterator[None]:
+    """One of the account's STREAM_MAX_PER_ACCOUNT streams in this process, or a 429: without
+    it one account could open streams until every waiting slot of the process is its own, and
+    every other account's commands would answer 503."""
+    with _accounts_lock:
+        if _streams_of[account_id] >= settings.STREAM_MAX_PER_ACCOUNT:
+            raise TooManyRequests(
+                f"This account already holds {_streams_of[account_id]} open streams on this "
+                "server (STREAM_MAX_PER_ACCOUNT); close one or retry shortly",
+                retry_after=2,
+            )
+        _streams_of[account_id] += 1
+    try:
+        yield
+    finally:
+        with _accounts_lock:
+            _streams_of[account_id] -= 1
+            if _streams_of[account_id] <= 0:
+                del _streams_of[account_id]
+
+
+def stream_response(
+    chunks: Iterator[bytes], *, content_type: str, account_id: object
+) -> StreamingHttpResponse:
+    """`chunks` as a streaming response holding a waiting slot and one of the account's stream
+    slots until it is closed (by its end, a client that went away, or a response that was never
+    sent). Raises now, before any byte is sent: 429 when the account holds
+    STREAM_MAX_PER_ACCOUNT streams in this process, 503 when the process already waits on
+    WEB_MAX_WAITING things."""
+    with contextlib.ExitStack() as entering:
+        entering.enter_context(_account_slot(account_id))
+        entering.enter_context(waiting_slot())
+        slots = entering.pop_all()
     release_db_connection()
     response = StreamingHttpResponse(
-        _Held(chunks, release=lambda: slot.__exit__(None, None, None)),
+        _Held(chunks, release=slots.close),
         content_type=content_type,
     )
     response["Cache-Control"] = "no-cache"

@@ -148,7 +148,10 @@ class CommandLogsView(APIView):
                 400,
                 401,
                 404,
+                429,
                 503,
+                d429="This account holds STREAM_MAX_PER_ACCOUNT open streams on this server; see "
+                "Retry-After.",
                 d400="A bad sessionId/sandboxId, or a Last-Event-ID this log never sent.",
                 d404=_NOT_FOUND,
                 d503="This server already holds WEB_MAX_WAITING waits and streams; see "
@@ -164,8 +167,8 @@ class CommandLogsView(APIView):
             raise ValidationError({"Last-Event-ID": "not an offset this command's log sent"})
         follow = commands.command_log_follow(command=command, offset=offset)
         if wants_ndjson(request):
-            return stream_response(_ndjson(follow), content_type=NDJSON)
-        return stream_response(_sse(follow), content_type=SSE)
+            return stream_response(_ndjson(follow), content_type=NDJSON, account_id=request.user.pk)
+        return stream_response(_sse(follow), content_type=SSE, account_id=request.user.pk)
 
 
 def _resume_offset(request: Request) -> int:

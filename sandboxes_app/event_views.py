@@ -210,7 +210,10 @@ class SandboxEventsView(APIView):
                 400,
                 401,
                 404,
+                429,
                 503,
+                d429="This account holds STREAM_MAX_PER_ACCOUNT open streams on this server; see "
+                "Retry-After.",
                 d404="No session of this account has this id.",
                 d503="This server already holds WEB_MAX_WAITING waits and streams; see "
                 "Retry-After.",
@@ -225,7 +228,7 @@ class SandboxEventsView(APIView):
         request._request.log_session_id = session.id
         stream = SessionEventStream(session_id=session.id, account=request.user, after=after)
         try:
-            return stream_response(stream, content_type=SSE)
+            return stream_response(stream, content_type=SSE, account_id=request.user.pk)
         except BaseException:
             stream.close()
             raise
