@@ -49,6 +49,9 @@ COMMAND_ID = re.compile(r"cmd_[0-9a-f]{32}")
 HEADER = struct.Struct(">cI")
 STREAMS = {b"o": "stdout", b"e": "stderr", b"t": "truncated"}
 LOGS_KEPT = 64
+# Finished logs sit on the host's disk, outside the sandbox's disk quota: besides LOGS_KEPT, a
+# sandbox keeps at most this many of its cap (log_cap each) of them in all.
+LOG_CAPS_KEPT = 4
 
 # The project's root: the supervisor runs as `python -m` from there, so it imports this tree's
 # modules whatever the interpreter has installed.
@@ -200,7 +203,7 @@ def start_supervisor(*, files: DetachedFiles, spec: dict, pass_fds: tuple[int, .
     exit. The spec travels in a memfd, never in argv or the environment (it holds the bus's
     address, which may carry a password)."""
     files.runs.mkdir(exist_ok=True)
-    _prune_logs(files.runs)
+    prune_logs(files.runs, budget_bytes=LOG_CAPS_KEPT * spec["log_cap"])
     lock_fd = _hold_marker(files)
     try:
         log_fd = os.open(
@@ -271,16 +274,25 @@ def _drop_marker(files: DetachedFiles, lock_fd: int) -> None:
     os.close(lock_fd)
 
 
-def _prune_logs(runs: Path) -> None:
-    """Delete the logs of finished commands but the newest LOGS_KEPT; their exits stay."""
+def prune_logs(runs: Path, *, budget_bytes: int) -> None:
+    """Delete the logs of finished commands but the newest LOGS_KEPT that fit in
+    `budget_bytes` together; their exits stay."""
     finished = []
     for exit_path in runs.glob("cmd_*.exit"):
         with contextlib.suppress(FileNotFoundError):
-            finished.append((exit_path.stat().st_mtime, exit_path))
+            finished.append((exit_path.stat().st_mtime, exit_path.with_suffix(".log")))
     finished.sort(reverse=True)
-    for _, exit_path in finished[LOGS_KEPT:]:
+    kept = total = 0
+    for _, log in finished:
+        try:
+            size = log.stat().st_size
+        except FileNotFoundError:
+            continue
+        if kept < LOGS_KEPT and total + size <= budget_bytes:
+            kept, total = kept + 1, total + size
+            continue
         with contextlib.suppress(FileNotFoundError):
-            exit_path.with_suffix(".log").unlink()
+            log.unlink()
 
 
 def signal_supervisor(files: DetachedFiles) -> bool:

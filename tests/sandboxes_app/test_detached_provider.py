@@ -118,3 +118,21 @@ def test_a_bus_that_does_not_answer_never_holds_the_command_up(provider, sandbox
     assert took < 10, took
     records = provider.detached_log(name=sandbox, command_id=command_id, offset=0)
     assert b"".join(r.data for r in records) == "".join(f"{i}\n" for i in range(1, 31)).encode()
+
+
+def test_finished_logs_on_the_host_stay_within_four_caps(provider, sandbox, sandbox_root, settings):
+    """Logs live outside the sandbox's disk quota: however many commands finish, the host
+    keeps at most four caps of their logs, the newest ones, and every exit."""
+    provider.log_cap = 1024
+    runs = sandbox_root / sandbox / "runs"
+    finished = []
+    for _ in range(6):
+        # 1000 bytes each: four fit in 4 x 1024 with their record headers, a fifth does not.
+        command_id = _start(provider, sandbox, _hooks(settings), "head -c 1000 /dev/zero")
+        wait_for(lambda c=command_id: (runs / f"{c}.exit").exists(), timeout=20)
+        finished.append(command_id)
+    _start(provider, sandbox, _hooks(settings), "true")  # each start prunes
+
+    logs = [c for c in finished if (runs / f"{c}.log").exists()]
+    assert logs == finished[-4:]
+    assert all((runs / f"{c}.exit").exists() for c in finished)
