@@ -234,15 +234,21 @@ def main() -> None:
             print(f"| {name} | {statistics.median(values):.0f} | {max(values):.0f} |")
     finally:
         service.stop()
-        # The sandboxes outlive the service's processes: stop their inits and remove their
-        # cgroups through the provider before their directory goes.
-        subprocess.run(
-            [sys.executable, "manage.py", "shell", "--no-imports", "-c", DESTROY_ALL_SANDBOXES],
-            cwd=ROOT,
-            env=env,
-            check=False,
-        )
-        subprocess.run(["rm", "-rf", data_dir], check=False)
+        clean_up(env=env, data_dir=data_dir, db_name=db_name)
+
+
+def clean_up(*, env: dict[str, str], data_dir: str, db_name: str | None) -> None:
+    """After a bench's processes stopped: its sandboxes, its data dir, its database (if any)."""
+    # The sandboxes outlive the service's processes: stop their inits and remove their
+    # cgroups through the provider before their directory goes.
+    subprocess.run(
+        [sys.executable, "manage.py", "shell", "--no-imports", "-c", DESTROY_ALL_SANDBOXES],
+        cwd=ROOT,
+        env=env,
+        check=False,
+    )
+    subprocess.run(["rm", "-rf", data_dir], check=False)
+    if db_name is not None:
         with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
 

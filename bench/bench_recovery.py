@@ -27,7 +27,7 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_http import ADMIN_URL, DESTROY_ALL_SANDBOXES, Service  # noqa: E402
+from bench_http import ADMIN_URL, Service, clean_up  # noqa: E402
 from bench_web import make_origin  # noqa: E402
 
 SUPERVISOR_RESTART_S = 4
@@ -150,15 +150,7 @@ def main() -> None:
         if beat is not None:
             beat.kill()
         service.stop()
-        subprocess.run(
-            [sys.executable, "manage.py", "shell", "--no-imports", "-c", DESTROY_ALL_SANDBOXES],
-            cwd=ROOT,
-            env=env,
-            check=False,
-        )
-        subprocess.run(["rm", "-rf", data_dir], check=False)
-        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+        clean_up(env=env, data_dir=data_dir, db_name=db_name)
 
 
 if __name__ == "__main__":

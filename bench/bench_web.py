@@ -15,7 +15,7 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from bench_http import ADMIN_URL, DESTROY_ALL_SANDBOXES, free_port  # noqa: E402
+from bench_http import ADMIN_URL, clean_up, free_port  # noqa: E402
 
 
 def make_origin(base: Path) -> None:
@@ -109,16 +109,9 @@ class WebService:
             proc.send_signal(signal.SIGTERM)
         for proc in self.procs:
             proc.wait(timeout=60)
-        subprocess.run(
-            [sys.executable, "manage.py", "shell", "--no-imports", "-c", DESTROY_ALL_SANDBOXES],
-            cwd=ROOT,
-            env=self.env,
-            check=False,
+        clean_up(
+            env=self.env, data_dir=self.data_dir, db_name=self.db_name if self.own_db else None
         )
-        subprocess.run(["rm", "-rf", self.data_dir], check=False)
-        if self.own_db:
-            with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
 
     def api_key(self, email: str) -> str:
         return self.manage("create_api_key", "--email", email).strip().splitlines()[-1]

@@ -3,37 +3,18 @@
 from rest_framework import serializers
 
 from recoup.fields import StrictCharField
-
-
-class _Scope:
-    """sessionId, or sandboxId for a one-shot sandbox's command: one of the two."""
-
-    def get_fields(self) -> dict:
-        fields = super().get_fields()
-        # sessionId stays required, with the usual error, unless the request names a one-shot.
-        data = getattr(self, "initial_data", None)
-        if isinstance(data, dict) and "sandboxId" not in data:
-            fields["sessionId"].required = True
-        return fields
-
-    def validate(self, attrs: dict) -> dict:
-        if "sessionId" in attrs and "sandboxId" in attrs:
-            raise serializers.ValidationError(
-                {"sandboxId": "give either sessionId or sandboxId, not both"}
-            )
-        return attrs
-
+from sandboxes_app.serializers import SessionOrSandboxScope
 
 _SESSION_HELP = "The session whose sandbox runs the command. Required unless `sandboxId`."
 _SANDBOX_HELP = "Instead of `sessionId`: the one-shot sandbox that runs the command."
 
 
-class CommandScopeQuerySerializer(_Scope, serializers.Serializer):
+class CommandScopeQuerySerializer(SessionOrSandboxScope, serializers.Serializer):
     sessionId = serializers.CharField(required=False, max_length=64, help_text=_SESSION_HELP)
     sandboxId = serializers.CharField(required=False, max_length=64, help_text=_SANDBOX_HELP)
 
 
-class CommandScopeBodySerializer(_Scope, serializers.Serializer):
+class CommandScopeBodySerializer(SessionOrSandboxScope, serializers.Serializer):
     sessionId = StrictCharField(required=False, max_length=64, help_text=_SESSION_HELP)
     sandboxId = StrictCharField(required=False, max_length=64, help_text=_SANDBOX_HELP)
 

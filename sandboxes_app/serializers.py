@@ -148,7 +148,27 @@ class ReconnectResponseSerializer(serializers.Serializer):
 # --- commands -------------------------------------------------------------------------------
 
 
-class CommandRequestSerializer(serializers.Serializer):
+class SessionOrSandboxScope:
+    """A mixin for a serializer with `sessionId` and `sandboxId` (a one-shot sandbox): one of
+    the two, and sessionId stays required, with the usual error, unless the request names a
+    one-shot."""
+
+    def get_fields(self) -> dict:
+        fields = super().get_fields()
+        data = getattr(self, "initial_data", None)
+        if isinstance(data, dict) and "sandboxId" not in data:
+            fields["sessionId"].required = True
+        return fields
+
+    def validate(self, attrs: dict) -> dict:
+        if "sessionId" in attrs and "sandboxId" in attrs:
+            raise serializers.ValidationError(
+                {"sandboxId": "give either sessionId or sandboxId, not both"}
+            )
+        return super().validate(attrs)
+
+
+class CommandRequestSerializer(SessionOrSandboxScope, serializers.Serializer):
     sessionId = StrictCharField(
         required=False,
         max_length=64,
@@ -203,26 +223,11 @@ class CommandRequestSerializer(serializers.Serializer):
         ),
     )
 
-    def get_fields(self) -> dict:
-        fields = super().get_fields()
-        # sessionId stays required, with the usual error, unless the body names a one-shot.
-        data = getattr(self, "initial_data", None)
-        if isinstance(data, dict) and "sandboxId" not in data:
-            fields["sessionId"].required = True
-        return fields
-
     def validate_env(self, value: dict) -> dict:
         problem = env_problem(value)
         if problem is not None:
             raise serializers.ValidationError(problem)
         return value
-
-    def validate(self, attrs: dict) -> dict:
-        if "sessionId" in attrs and "sandboxId" in attrs:
-            raise serializers.ValidationError(
-                {"sandboxId": "give either sessionId or sandboxId, not both"}
-            )
-        return attrs
 
 
 class CommandResponseSerializer(serializers.Serializer):

@@ -16,6 +16,7 @@ from sandboxes_app.git.urls import parse_repo_url
 from sandboxes_app.models import Sandbox
 from sandboxes_app.oneshots import oneshot_sandbox_create, oneshot_sandbox_destroy
 from sandboxes_app.providers.base import SandboxStatus, get_provider
+from tests.sandboxes_app.test_provider_commands import host_processes_with
 from tests.support.api import new_session, start_sandbox
 from tests.support.seeds import assert_matches_seed
 
@@ -40,18 +41,6 @@ def command(actor, sandbox_id: str, *argv: str):
 
 def destroy(actor, sandbox_id: object):
     return actor.client.post("/api/sandbox/destroy", {"sandboxId": sandbox_id}, format="json")
-
-
-def host_processes_with(marker: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if marker.encode() in (proc / "cmdline").read_bytes():
-                    found.append(int(proc.name))
-            except OSError:
-                pass
-    return found
 
 
 def listed(actor) -> dict[str, dict]:

@@ -3,8 +3,6 @@ reading, following or killing a command, ids that are not ids, and a detached co
 client env reaching a process on the host (its supervisor is one)."""
 
 import secrets
-import threading
-import time
 import uuid
 
 import pytest
@@ -15,9 +13,9 @@ from tests.sandboxes_app.conftest import host_upper
 from tests.security.test_host_chain import (
     HONOURED,
     _build_library,
-    _host_processes_holding,
     _plant_fakes,
     evil_library,  # noqa: F401  (fixture)
+    host_watch,
 )
 from tests.support.api import new_session, start_sandbox
 from tests.support.commands import get_command, start_detached
@@ -164,17 +162,7 @@ def test_no_host_process_sees_a_detached_commands_env_or_args(provider, sandbox,
     env = {name: f"/nonexistent/{canary.decode()}" for name in HONOURED}
     env["SHELLOPTS"] = "xtrace"
     env["PS4"] = f"$(touch /tmp/{canary.decode()})"
-    seen: list = []
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            seen.extend(_host_processes_holding(canary))
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
+    with host_watch(canary) as seen:
         output = _run_detached(
             provider,
             sandbox,
@@ -182,9 +170,6 @@ def test_no_host_process_sees_a_detached_commands_env_or_args(provider, sandbox,
             argv=["/bin/sh", "-c", "sleep 1.5; echo done", canary.decode()],
             env=env,
         )
-    finally:
-        done.set()
-        watcher.join()
 
     assert output.endswith(b"done\n"), output
     assert seen == []

@@ -5,12 +5,14 @@ On the code before issue 8, the client's PATH chose the host's `sh` and `LD_PREL
 workspace library into root processes: each test here created its marker then.
 """
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -149,6 +151,27 @@ HONOURED = [
 ]
 
 
+@contextlib.contextmanager
+def host_watch(needle: bytes) -> Iterator[list]:
+    """Every 50 ms while the block runs, what `_host_processes_holding(needle)` finds, into the
+    list it yields."""
+    seen: list = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.extend(_host_processes_holding(needle))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        done.set()
+        watcher.join()
+
+
 def test_no_host_process_ever_sees_the_client_env_or_args(provider, sandbox):
     """While a command runs, no process of the host (nsenter, prlimit, ...) holds any client
     variable or argument; only the sandbox's own processes do."""
@@ -156,26 +179,13 @@ def test_no_host_process_ever_sees_the_client_env_or_args(provider, sandbox):
     env = {name: f"/nonexistent/{canary.decode()}" for name in HONOURED}
     env["SHELLOPTS"] = "xtrace"  # with PS4, runs $(...) in bash on start
     env["PS4"] = f"$(touch /tmp/{canary.decode()})"
-    seen: list = []
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            seen.extend(_host_processes_holding(canary))
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
+    with host_watch(canary) as seen:
         result = provider.run(
             name=sandbox,
             argv=["/bin/sh", "-c", "sleep 1.5; echo done", canary.decode()],
             env=env,
             timeout_s=20,
         )
-    finally:
-        done.set()
-        watcher.join()
 
     assert result.stdout == "done\n", result.stderr
     assert seen == []
