@@ -3,9 +3,8 @@
 git redraws a line per percent ("Receiving objects:  45% (9/20)\\r"), and a clone runs several
 such steps one after another. The transfer steps make up the `cloning` phase, each over its own
 span of one percent that never goes back; "Updating files" is git's checkout, the `checkout`
-phase with git's own percent. Only the newest line of each read is parsed for its percent, and
-only a change is reported: a clone that prints thousands of lines costs a split and an anchored
-match per line.
+phase with git's own percent. Only a change is reported: a clone that prints thousands of
+lines costs a split and an anchored match per line.
 """
 
 import re
@@ -55,7 +54,10 @@ class CloneProgress:
                 self._kept += line + b"\n"
         if len(self._kept) > _KEPT_BYTES:
             del self._kept[:-_KEPT_BYTES]
-        self._parse(lines[-1])
+        # Every line, not only the newest: git may print more after a step's last percent in the
+        # same write ("remote: Total ...", the checkout's first line), and that percent counts.
+        for line in lines:
+            self._parse(line)
 
     def text(self) -> str:
         """What git said besides its progress (its errors, warnings and hints)."""

@@ -72,8 +72,23 @@ def test_the_parser_reads_only_whole_lines_and_keeps_what_is_not_progress():
 
     assert reports == [
         ("cloning", 10),
+        ("cloning", 50),  # the half line, once whole
         ("cloning", 85),
+        ("cloning", 89),
         ("checkout", 30),
         ("checkout", 100),
     ]
     assert parser.text() == "warning: remote HEAD refers to nonexistent ref"
+
+
+def test_a_steps_last_percent_counts_even_when_other_lines_follow_it_in_the_same_read():
+    """git may print more in the same write after a step's 100% (seen as a flaky real clone
+    that ended its cloning phase at 82)."""
+    reports: list[tuple[str, int | None]] = []
+    parser = CloneProgress(lambda phase, percent: reports.append((phase, percent)))
+
+    parser.feed(b"Receiving objects:  90% (9/10)\r")
+    parser.feed(b"Receiving objects: 100% (10/10), done.\nremote: Total 10 (delta 0)\n")
+    parser.feed(b"Resolving deltas: 100% (3/3), done.\nUpdating files:  50% (5/10)\r")
+
+    assert reports == [("cloning", 78), ("cloning", 85), ("cloning", 97), ("checkout", 50)]
