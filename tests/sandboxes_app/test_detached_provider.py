@@ -131,7 +131,10 @@ def test_finished_logs_on_the_host_stay_within_four_caps(provider, sandbox, sand
         command_id = _start(provider, sandbox, _hooks(settings), "head -c 1000 /dev/zero")
         wait_for(lambda c=command_id: (runs / f"{c}.exit").exists(), timeout=20)
         finished.append(command_id)
-    _start(provider, sandbox, _hooks(settings), "true")  # each start prunes
+    last = _start(provider, sandbox, _hooks(settings), "true")  # each start prunes
+    # Its supervisor done writing before the fixture deletes the sandbox's directory.
+    wait_for(lambda: (runs / f"{last}.exit").exists(), timeout=20)
+    wait_for(lambda: provider.running_commands(name=sandbox) == 0, timeout=20)
 
     logs = [c for c in finished if (runs / f"{c}.log").exists()]
     assert logs == finished[-4:]
