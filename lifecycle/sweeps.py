@@ -22,6 +22,7 @@ from lifecycle.leases import LEASE_RELEASE
 from lifecycle.models import BaseSnapshotBuild
 from lifecycle.states import LifecycleState as S
 from lifecycle.transitions import Seen, transition
+from sandboxes_app.hosts.services import hosts_mark_down
 from sandboxes_app.models import Sandbox, Snapshot, session_sandbox_name
 from sandboxes_app.oneshots import oneshot_sandbox_destroy
 from sandboxes_app.providers.base import get_provider
@@ -106,12 +107,15 @@ def sweep_run(*, limit: int, enqueue: Callable[[Due], None]) -> int:
     It runs every LIFECYCLE_SWEEP_INTERVAL (5 s), so it logs one line when it did something
     and nothing when it did not: an idle service's log stays quiet.
     """
+    # First, so a dead host's sessions are already failed (and its sandboxes unreachable) when
+    # the due work is claimed.
+    hosts_down = hosts_mark_down() if settings.SANDBOX_PROVIDER == "pool" else []
     due = sessions_claim_due(limit=limit)
     for item in due:
         enqueue(item)
     expired = oneshot_sandboxes_expire(limit=limit)
     reaped = base_builds_reap()
-    if due or expired or reaped:
+    if due or expired or reaped or hosts_down:
         dispatched: dict[str, list[str]] = {}
         for item in due:
             dispatched.setdefault(item.reason, []).append(item.session_id)
@@ -122,6 +126,7 @@ def sweep_run(*, limit: int, enqueue: Callable[[Due], None]) -> int:
                     "dispatched": dispatched,
                     "oneshots_expired": expired,
                     "builds_reaped": reaped,
+                    **({"hosts_down": hosts_down} if hosts_down else {}),
                 }
             )
         )

@@ -242,7 +242,25 @@ LOGGING = {
 }
 
 # --- Sandboxes (issue 2/4 onward) ---------------------------------------------------------
-SANDBOX_PROVIDER = env_choice("SANDBOX_PROVIDER", "local", ("local",))
+# local: this process runs sandboxes itself (the embedded default, one machine). pool: they run
+# on sandbox hosts (`manage.py sandbox_host --name NAME`), reached through Celery and each
+# host's internal endpoint; needs PostgreSQL, Redis and a shared snapshot storage (S3).
+SANDBOX_PROVIDER = env_choice("SANDBOX_PROVIDER", "local", ("local", "pool"))
+# Pool only. A host whose heartbeat (every SANDBOX_HOST_HEARTBEAT seconds) is older than
+# SANDBOX_HOST_DOWN_AFTER gets no new work and, at the next sweep, is marked down.
+SANDBOX_HOST_HEARTBEAT = env_int("SANDBOX_HOST_HEARTBEAT", 5, minimum=1)
+SANDBOX_HOST_DOWN_AFTER = env_int("SANDBOX_HOST_DOWN_AFTER", 20, minimum=2)
+# How to choose a host for a new sandbox or a resume: a dotted path to a function taking the
+# live hosts (annotated with `placed`) and returning one, or None when none has room.
+SANDBOX_HOST_PLACEMENT = env_str(
+    "SANDBOX_HOST_PLACEMENT", "sandboxes_app.hosts.services.least_loaded"
+)
+# Placement stops at this many sandboxes on one host; 0: twice its memory over SANDBOX_MEMORY_MB.
+SANDBOX_HOST_MAX_SANDBOXES = env_int("SANDBOX_HOST_MAX_SANDBOXES", 0, minimum=0)
+# Signs calls to the hosts' internal endpoints; derived from SECRET_KEY when empty.
+SANDBOX_HOST_SECRET = env_str("SANDBOX_HOST_SECRET", "")
+# The longest a lifecycle call on a host (a clone, a snapshot) may take before its caller gives up.
+SANDBOX_HOST_CALL_TIMEOUT = env_int("SANDBOX_HOST_CALL_TIMEOUT", 3600, minimum=10)
 SANDBOX_GIT_BASE_URL = env_str("SANDBOX_GIT_BASE_URL", "https://github.com").rstrip("/")
 GITHUB_TOKEN = env_str("GITHUB_TOKEN", "")
 # Repository owners any account may clone with GITHUB_TOKEN (organizations add their own in the

@@ -198,3 +198,54 @@ class Command(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+HOST_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+
+class SandboxHost(models.Model):
+    """A machine that runs sandboxes in a pool (SANDBOX_PROVIDER=pool): `manage.py sandbox_host`
+    keeps this row's heartbeat fresh. The beat sweep marks it down once the heartbeat is older
+    than SANDBOX_HOST_DOWN_AFTER; a host that heartbeats again comes back up by itself."""
+
+    class Status(models.TextChoices):
+        UP = "up"
+        DOWN = "down"
+
+    name = models.CharField(max_length=63, unique=True)
+    # The host-internal endpoint for interactive calls (commands, probes, logs).
+    address = models.CharField(max_length=200)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.UP)
+    cpus = models.IntegerField(default=0)
+    memory_mb = models.IntegerField(default=0)
+    disk_free_mb = models.BigIntegerField(default=0)
+    live_sandboxes = models.IntegerField(default=0, help_text="running here, by the host's count")
+    max_sandboxes = models.IntegerField(default=0, help_text="placement stops here")
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    down_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def queue(self) -> str:
+        """The Celery queue only this host consumes: lifecycle calls routed to it."""
+        return f"host.{self.name}"
+
+
+class HostPlacement(models.Model):
+    """Which host holds a sandbox (by the provider's name for it): written before the host is
+    asked to create or resume it, so a crash in between leaves a record of where to look, and
+    deleted once the sandbox is destroyed or its host is down. A running sandbox stays on its
+    host; a resume may land anywhere."""
+
+    sandbox_name = models.CharField(max_length=64, primary_key=True)
+    host = models.ForeignKey(SandboxHost, on_delete=models.CASCADE, related_name="placements")
+    placed_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.sandbox_name} on {self.host_id}"

@@ -318,11 +318,15 @@ class SandboxProvider(abc.ABC):
 
 
 def get_provider() -> SandboxProvider:
-    """The provider chosen by SANDBOX_PROVIDER (default `local`)."""
+    """The provider chosen by SANDBOX_PROVIDER (default `local`; `pool`: sandbox hosts)."""
     from django.conf import settings
 
     if settings.SANDBOX_PROVIDER == "local":
         from sandboxes_app.providers.local import LocalProvider
 
         return LocalProvider.from_settings()
+    if settings.SANDBOX_PROVIDER == "pool":
+        from sandboxes_app.hosts.client import PoolProvider
+
+        return PoolProvider.from_settings()
     raise ProviderError(f"Unknown SANDBOX_PROVIDER {settings.SANDBOX_PROVIDER!r}")
