@@ -102,7 +102,9 @@ class PoolProvider(SandboxProvider):
         call_id = uuid.uuid4().hex
         wire = {k: encode(v) for k, v in kwargs.items()}
         # Never run late: a host that comes back after its caller gave up drops the message.
-        host_call.apply_async(args=[call_id, method, wire], queue=host.queue, expires=self.call_timeout)
+        host_call.apply_async(
+            args=[call_id, method, wire], queue=host.queue, expires=self.call_timeout
+        )
         release_db_connection()  # the call may take minutes
         client = redis_client(settings.REDIS_URL)
         deadline = time.monotonic() + self.call_timeout
@@ -134,7 +136,9 @@ class PoolProvider(SandboxProvider):
                 f"Sandbox host {host.name} did not answer ({type(exc).__name__})"
             ) from exc
         if response.status_code != 200:
-            raise ProviderError(f"Sandbox host {host.name} refused the call ({response.status_code})")
+            raise ProviderError(
+                f"Sandbox host {host.name} refused the call ({response.status_code})"
+            )
         return self._result(response.json())
 
     @staticmethod
@@ -247,7 +251,13 @@ class PoolProvider(SandboxProvider):
         host = self._require(name)
         wait = (timeout_s or settings.SANDBOX_COMMAND_MAX_TIMEOUT) + 30
         return self._interactive(
-            host, "run", read_timeout=wait, name=name, argv=argv, cwd=cwd, env=env,
+            host,
+            "run",
+            read_timeout=wait,
+            name=name,
+            argv=argv,
+            cwd=cwd,
+            env=env,
             timeout_s=timeout_s,
         )
 
@@ -268,8 +278,15 @@ class PoolProvider(SandboxProvider):
     ) -> None:
         host = self._require(name)
         self._interactive(
-            host, "start_detached", name=name, command_id=command_id, argv=argv, cwd=cwd,
-            env=env, timeout_s=timeout_s, hooks=hooks,
+            host,
+            "start_detached",
+            name=name,
+            command_id=command_id,
+            argv=argv,
+            cwd=cwd,
+            env=env,
+            timeout_s=timeout_s,
+            hooks=hooks,
         )
 
     def detached_status(self, *, name: str, command_id: str) -> DetachedStatus:
@@ -285,7 +302,11 @@ class PoolProvider(SandboxProvider):
         if host is None:
             return []
         return self._interactive(
-            host, "detached_log", name=name, command_id=command_id, offset=offset,
+            host,
+            "detached_log",
+            name=name,
+            command_id=command_id,
+            offset=offset,
             max_bytes=max_bytes,
         )
 

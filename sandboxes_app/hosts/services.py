@@ -265,8 +265,9 @@ def host_reconcile(
 def _adoptable(name: str) -> bool:
     """A session's sandbox whose session has not started again anywhere else."""
     session_id = name.removeprefix("sbx_")
-    return Session.objects.filter(
-        id=session_id, lifecycle_state__in=[S.FAILED, S.ACTIVE]
-    ).exists() and not Sandbox.objects.filter(name=name, destroyed_at__isnull=True).exclude(
-        session_id=session_id
-    ).exists()
+    return (
+        Session.objects.filter(id=session_id, lifecycle_state__in=[S.FAILED, S.ACTIVE]).exists()
+        and not Sandbox.objects.filter(name=name, destroyed_at__isnull=True)
+        .exclude(session_id=session_id)
+        .exists()
+    )

@@ -23,11 +23,11 @@ from sandboxes_app.hosts.auth import host_secret
 from sandboxes_app.hosts.dispatch import host_provider_set
 from sandboxes_app.hosts.server import HostServer
 from sandboxes_app.hosts.services import (
-    memory_mb_total,
     host_heartbeat,
     host_local_sandboxes,
     host_marked_down,
     host_reconcile,
+    memory_mb_total,
 )
 from sandboxes_app.models import HOST_NAME
 from sandboxes_app.providers.base import ProviderError, SandboxStatus
@@ -152,9 +152,7 @@ class _Heartbeat:
                 if settled["adopted"] or settled["orphaned"]:
                     logger.warning(json.dumps({"event": "host_reconciled", **settled}))
             names = self._names()
-            running = sum(
-                1 for n in names if self.provider.status(name=n) == SandboxStatus.RUNNING
-            )
+            running = sum(1 for n in names if self.provider.status(name=n) == SandboxStatus.RUNNING)
             host_heartbeat(
                 name=self.name,
                 address=self.address,
