@@ -108,6 +108,19 @@ def worker(tmp_path, settings, origins) -> Iterator[Worker]:
     started.release_queue()
 
 
+@pytest.fixture
+def pool(tmp_path, settings, origins):
+    """Two started sandbox hosts (`manage.py sandbox_host`) on this machine, with this test
+    process as the pool's web (SANDBOX_PROVIDER=pool); a host is down 3 s after its last beat."""
+    from tests.support.hosts import Pool
+
+    settings.SANDBOX_PROVIDER = "pool"
+    settings.SANDBOX_HOST_DOWN_AFTER = 3
+    started = Pool(tmp_path, 2, env={}).start()
+    yield started
+    started.close()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _drop_stray_connections(django_db_setup, django_db_blocker) -> Iterator[None]:
     """Before the test database is dropped, end connections that worker processes the tests

@@ -10,19 +10,9 @@ from sandboxes_app.hosts.services import hosts_mark_down
 from sandboxes_app.models import HostPlacement, SandboxHost, session_sandbox_name
 from sessions_app.models import Session
 from tests.support.api import new_session, sh, start_sandbox
-from tests.support.hosts import Pool
 from tests.support.worker import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-@pytest.fixture
-def pool(tmp_path, settings, origins):
-    settings.SANDBOX_PROVIDER = "pool"
-    settings.SANDBOX_HOST_DOWN_AFTER = 3
-    started = Pool(tmp_path, 2, env={}).start()
-    yield started
-    started.close()
 
 
 def _mark_down(host) -> None:
