@@ -1,11 +1,11 @@
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.timesince import timesince
 
 from sandboxes_app.checks import sandbox_limits
-from sandboxes_app.models import Sandbox, Snapshot
+from sandboxes_app.models import Sandbox, SandboxHost, Snapshot
 from sandboxes_app.oneshots import oneshot_sandbox_destroy
 from sandboxes_app.providers.base import ProviderError, get_provider
 from sandboxes_app.selectors import legacy_sandbox_status
@@ -112,3 +112,41 @@ class SnapshotAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{snapshot.storage_key}: {exc}", messages.ERROR)
             else:
                 self.message_user(request, f"{snapshot.storage_key}: OK")
+
+
+@admin.register(SandboxHost)
+class SandboxHostAdmin(admin.ModelAdmin):
+    """The pool's hosts (SANDBOX_PROVIDER=pool), as their heartbeats describe them. Read-only:
+    a host registers itself (`manage.py sandbox_host`) and the sweep marks it down."""
+
+    list_display = [
+        "name",
+        "status",
+        "placed",
+        "live_sandboxes",
+        "max_sandboxes",
+        "cpus",
+        "memory_mb",
+        "disk_free_mb",
+        "heartbeat_age",
+        "address",
+    ]
+    list_filter = ["status"]
+    readonly_fields = [f.name for f in SandboxHost._meta.fields]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[SandboxHost]:
+        return super().get_queryset(request).annotate(placed_count=Count("placements"))
+
+    @admin.display(description="placed sandboxes", ordering="placed_count")
+    def placed(self, host: SandboxHost) -> int:
+        return host.placed_count
+
+    @admin.display(description="last heartbeat")
+    def heartbeat_age(self, host: SandboxHost) -> str:
+        return f"{timesince(host.heartbeat_at)} ago"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

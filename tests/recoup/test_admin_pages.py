@@ -15,13 +15,20 @@ from django.utils import timezone
 
 from lifecycle.models import BaseSnapshotBuild, LifecycleEvent
 from recoup.accounts.models import Account, ApiKey, Organization
-from sandboxes_app.models import Sandbox, Snapshot
+from sandboxes_app.models import Sandbox, SandboxHost, Snapshot
 from sessions_app.models import Session
 
 pytestmark = pytest.mark.django_db
 
 # What the service alone writes: adding one by hand has no meaning (and used to be a 500).
-WRITTEN_BY_THE_SERVICE = {Session, Sandbox, Snapshot, LifecycleEvent, BaseSnapshotBuild}
+WRITTEN_BY_THE_SERVICE = {
+    Session,
+    Sandbox,
+    Snapshot,
+    LifecycleEvent,
+    BaseSnapshotBuild,
+    SandboxHost,
+}
 
 
 @pytest.fixture
@@ -62,6 +69,12 @@ def one_of_each(superuser, owner, org) -> dict[type[models.Model], models.Model]
         Snapshot: snapshot,
         LifecycleEvent: LifecycleEvent.objects.create(
             session=session, to_state="provisioning", version=1, reason="created", actor="worker"
+        ),
+        SandboxHost: SandboxHost.objects.create(
+            name="host-a",
+            address="http://10.0.0.2:8100",
+            started_at=timezone.now(),
+            heartbeat_at=timezone.now(),
         ),
         BaseSnapshotBuild: BaseSnapshotBuild.objects.create(
             scope=f"org:{org.id}",
