@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
 from recoup.accounts.authentication import INVALID_CREDENTIALS
+from sandboxes_app.providers.base import ProviderError
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,11 @@ def exception_handler(exc: Exception, context: dict) -> Response:
         exc = PayloadTooLarge()
     elif isinstance(exc, SuspiciousOperation):
         exc = exceptions.ParseError("Malformed request")
+    elif isinstance(exc, ProviderError):
+        # Where a service did not translate it (a status or probe of a pool host that stopped
+        # answering, say): the provider's messages are written to be shown.
+        logger.warning("provider error in %s: %s", type(view).__name__ if view else "view", exc)
+        exc = UpstreamError(f"The sandbox provider failed: {exc}")
 
     if isinstance(exc, exceptions.APIException):
         if getattr(exc, "auth_header", None):

@@ -213,6 +213,9 @@ class SandboxHost(models.Model):
         DOWN = "down"
 
     name = models.CharField(max_length=63, unique=True)
+    # The process heartbeating under this name: a second process started with the same name
+    # waits until this one's heartbeat is stale instead of sharing its queue and its rows.
+    instance = models.CharField(max_length=32, default="")
     # The host-internal endpoint for interactive calls (commands, probes, logs).
     address = models.CharField(max_length=200)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.UP)

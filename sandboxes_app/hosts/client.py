@@ -209,7 +209,7 @@ class PoolProvider(SandboxProvider):
         )
 
     def delete_snapshot(self, *, snapshot: SnapshotInfo) -> None:
-        # A host's cache of a deleted base stays until that host restarts (see the README).
+        # Each host drops its cache of a deleted base by itself (host_base_caches_prune).
         snapshot_delete(storage_key=snapshot.storage_key)
 
     def file_tree(self, *, source: GitSource) -> list[FileTreeEntry]:

@@ -26,8 +26,8 @@ from django.utils.module_loading import import_string
 
 from lifecycle.states import LifecycleState as S
 from lifecycle.transitions import Seen, transition
-from sandboxes_app.models import HostPlacement, Sandbox, SandboxHost
-from sandboxes_app.providers.base import ProviderError, SandboxStatus
+from sandboxes_app.models import HostPlacement, Sandbox, SandboxHost, Snapshot
+from sandboxes_app.providers.base import ProviderError, SandboxStatus, SnapshotInfo
 from sessions_app.models import Session
 
 logger = logging.getLogger("recoup.hosts")
@@ -135,13 +135,26 @@ def host_marked_down(*, name: str) -> bool:
     return SandboxHost.objects.filter(name=name, status=SandboxHost.Status.DOWN).exists()
 
 
+def host_name_taken(*, name: str, instance: str) -> bool:
+    """Whether another live process heartbeats under `name`."""
+    return hosts_live().filter(name=name).exclude(instance=instance).exists()
+
+
 def host_heartbeat(
-    *, name: str, address: str, root: Path, max_sandboxes: int, live_sandboxes: int
-) -> SandboxHost:
-    """Record that this host is alive and what it has; a host marked down is up again."""
+    *,
+    name: str,
+    instance: str,
+    address: str,
+    root: Path,
+    max_sandboxes: int,
+    live_sandboxes: int,
+) -> SandboxHost | None:
+    """Record that this host is alive and what it has; a host marked down is up again. None,
+    recording nothing, when another live process holds the name."""
     now = timezone.now()
     root.mkdir(parents=True, exist_ok=True)
     facts = {
+        "instance": instance,
         "address": address,
         "cpus": os.cpu_count() or 1,
         "memory_mb": memory_mb_total(),
@@ -149,16 +162,23 @@ def host_heartbeat(
         "live_sandboxes": live_sandboxes,
         "max_sandboxes": max_sandboxes,
         "heartbeat_at": now,
+        "status": SandboxHost.Status.UP,
+        "down_at": None,
     }
-    try:
-        row, _ = SandboxHost.objects.update_or_create(
-            name=name,
-            defaults={**facts, "status": SandboxHost.Status.UP, "down_at": None},
-            create_defaults={**facts, "started_at": now},
-        )
-    except IntegrityError:  # two first heartbeats at once: the other one created it
-        row = SandboxHost.objects.get(name=name)
-    return row
+    with transaction.atomic():
+        row = SandboxHost.objects.select_for_update().filter(name=name).first()
+        if row is None:
+            try:
+                with transaction.atomic():
+                    return SandboxHost.objects.create(name=name, started_at=now, **facts)
+            except IntegrityError:  # another process created it first: the name is taken
+                return None
+        if row.instance != instance and host_name_taken(name=name, instance=instance):
+            return None
+        if row.instance != instance:
+            facts["started_at"] = now
+        SandboxHost.objects.filter(id=row.id).update(**facts)
+    return SandboxHost.objects.get(id=row.id)
 
 
 def hosts_mark_down(*, now: datetime | None = None) -> list[str]:
@@ -260,6 +280,26 @@ def host_reconcile(
             continue
         orphaned.append(f"{name} -> {kept_at}")
     return {"adopted": adopted, "orphaned": orphaned}
+
+
+def host_base_caches_prune(*, root: Path, delete: Callable[[SnapshotInfo], None]) -> int:
+    """Drop this host's caches of base snapshots the pool deleted (a rebuild replaced them, or
+    retention): the caller deletes them on one host only, and the others learn it here.
+    `delete` is the local provider's, which keeps a cache some sandbox still layers on."""
+    bases = root / "_bases"
+    if not bases.exists():
+        return 0
+    dropped = 0
+    for cache in bases.iterdir():
+        if Snapshot.objects.filter(
+            kind=Snapshot.Kind.BASE, sha256=cache.name, deleted_at__isnull=True
+        ).exists():
+            continue
+        gone = Snapshot.objects.filter(kind=Snapshot.Kind.BASE, sha256=cache.name).first()
+        if gone is not None:  # never a cache the database knows nothing about
+            delete(gone.to_info())
+            dropped += 1
+    return dropped
 
 
 def _adoptable(name: str) -> bool:

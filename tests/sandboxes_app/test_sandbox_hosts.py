@@ -1,15 +1,20 @@
 """A pool of two sandbox hosts on this machine: real `manage.py sandbox_host` processes, each
 with its own SANDBOX_ROOT, behind this test process acting as the web (SANDBOX_PROVIDER=pool)."""
 
+import time
+
 import pytest
 from django.core.files.storage import storages
+from django.utils import timezone
 
 from lifecycle.hibernation import session_hibernate
 from lifecycle.states import LifecycleState as S
 from sandboxes_app.hosts.services import hosts_mark_down
-from sandboxes_app.models import HostPlacement, SandboxHost, session_sandbox_name
+from sandboxes_app.models import HostPlacement, SandboxHost, Snapshot, session_sandbox_name
 from sessions_app.models import Session
 from tests.support.api import new_session, sh, start_sandbox
+from tests.support.commands import log_events, start_detached, text_of, wait_finished
+from tests.support.hosts import Host
 from tests.support.worker import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -93,3 +98,93 @@ def test_a_host_that_returns_before_the_next_post_gives_back_every_file(pool, ow
     assert pool.host_of(name) is host
     start_sandbox(owner, session_id, repo_url)
     assert sh(owner, session_id, "cat work.txt")["stdout"] == "only-on-this-disk\n"
+
+
+def test_a_detached_command_runs_on_its_host_and_its_log_streams_through_the_web(
+    pool, owner, repo_url
+):
+    session_id = new_session(owner)
+    start_sandbox(owner, session_id, repo_url)
+    command_id = start_detached(owner, session_id, "echo one; echo two >&2; exit 3")
+    finished = wait_finished(owner, session_id, command_id)
+    assert finished["exitCode"] == 3
+    events = log_events(owner, command_id, sessionId=session_id)
+    assert text_of(events, "stdout") == "one\n" and text_of(events, "stderr") == "two\n"
+    host = pool.host_of(session_sandbox_name(session_id))
+    assert host.holds(session_sandbox_name(session_id))
+
+
+def test_a_call_to_a_host_that_died_unnoticed_answers_502_and_changes_nothing(
+    pool, owner, repo_url
+):
+    session_id = new_session(owner)
+    start_sandbox(owner, session_id, repo_url)
+    pool.host_of(session_sandbox_name(session_id)).kill()  # its heartbeat is still fresh
+    for response in (
+        owner.client.post(
+            "/api/sandbox", {"repoUrl": repo_url, "sessionId": session_id}, format="json"
+        ),
+        owner.client.post(
+            "/api/sandbox/commands", {"sessionId": session_id, "cmd": "true"}, format="json"
+        ),
+    ):
+        assert response.status_code == 502, response.content
+        body = response.json()
+        assert body["status"] == "error" and "did not answer" in body["error"]
+    assert Session.objects.get(id=session_id).lifecycle_state == S.ACTIVE
+
+
+def test_a_second_process_with_a_live_hosts_name_waits_instead_of_sharing_it(pool, tmp_path):
+    first = pool.hosts[0]
+    address = SandboxHost.objects.get(name=first.name).address
+    twin = Host(
+        name=first.name,
+        root=tmp_path / "twin",
+        id_pool_start=first.id_pool_start + 32 * 65536,
+        log_path=tmp_path / "twin.log",
+        env={**first.env, "SANDBOX_ROOT": str(tmp_path / "twin")},
+    ).start()
+    try:
+        wait_for(lambda: "waiting until its heartbeat" in twin.log(), timeout=30)
+        time.sleep(2)
+        assert SandboxHost.objects.get(name=first.name).address == address
+        first.kill()
+        wait_for(
+            lambda: SandboxHost.objects.get(name=first.name).address != address,
+            timeout=30,
+            message=twin.log()[-2000:],
+        )
+    finally:
+        twin.kill()
+
+
+def test_a_host_drops_its_cache_of_a_base_the_pool_deleted(pool, owner, org, repo_url):
+    from sandboxes_app.hosts.client import PoolProvider
+    from sandboxes_app.hosts.services import host_base_caches_prune
+    from sandboxes_app.providers.base import GitSource
+
+    provider = PoolProvider.from_settings()
+    source = GitSource(clone_url=repo_url)
+    info = provider.build_base(source=source, storage_key="bases/prune-test.tar.zst")
+    row = Snapshot.objects.create(
+        kind=Snapshot.Kind.BASE,
+        storage_key=info.storage_key,
+        sha256=info.sha256,
+        size_bytes=info.size_bytes,
+        created_at=info.created_at,
+        account=owner.account,
+        organization=org,
+    )
+    builder = next(h for h in pool.hosts if (h.root / "_bases" / info.sha256).exists())
+    local = builder.local_provider_for_test()
+    assert host_base_caches_prune(root=builder.root, delete=lambda i: None) == 0  # still live
+
+    Snapshot.objects.filter(id=row.id).update(deleted_at=timezone.now())
+    provider.delete_snapshot(snapshot=row.to_info())
+    assert (
+        host_base_caches_prune(
+            root=builder.root, delete=lambda i: local.delete_snapshot(snapshot=i)
+        )
+        == 1
+    )
+    assert not (builder.root / "_bases" / info.sha256).exists()

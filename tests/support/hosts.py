@@ -67,6 +67,15 @@ class Host:
             except subprocess.TimeoutExpired:
                 self.kill()
 
+    def local_provider_for_test(self) -> LocalProvider:
+        """The host's own provider, as `sandbox_host` builds it (settings read at start-up)."""
+        with override_settings(
+            SANDBOX_ROOT=self.root,
+            SANDBOX_ID_POOL_START=self.id_pool_start,
+            SANDBOX_ID_POOL_SLOTS=_SLOTS,
+        ):
+            return LocalProvider.from_settings()
+
     def destroy_all(self) -> None:
         """Whatever is on the host's disk, as the host itself would destroy it (a killed host's
         sandboxes keep running)."""

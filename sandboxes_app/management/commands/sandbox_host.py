@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import threading
+import time
+import uuid
 from datetime import UTC, datetime
 
 from django.conf import settings
@@ -23,9 +27,11 @@ from sandboxes_app.hosts.auth import host_secret
 from sandboxes_app.hosts.dispatch import host_provider_set
 from sandboxes_app.hosts.server import HostServer
 from sandboxes_app.hosts.services import (
+    host_base_caches_prune,
     host_heartbeat,
     host_local_sandboxes,
     host_marked_down,
+    host_name_taken,
     host_reconcile,
     memory_mb_total,
 )
@@ -34,6 +40,8 @@ from sandboxes_app.providers.base import ProviderError, SandboxStatus
 from sandboxes_app.providers.local import LocalProvider
 
 logger = logging.getLogger("recoup.hosts")
+
+_PRUNE_EVERY = 12  # heartbeats between looks for caches of deleted bases (a minute by default)
 
 
 def _bind(value: str) -> tuple[str, int]:
@@ -93,6 +101,15 @@ class Command(BaseCommand):
         beat = _Heartbeat(
             name=name, address=address, provider=provider, max_sandboxes=max_sandboxes
         )
+        waited = False
+        while host_name_taken(name=name, instance=beat.instance):
+            if not waited:
+                self.stderr.write(
+                    f"Another process heartbeats as sandbox host {name}; waiting until its "
+                    f"heartbeat is {settings.SANDBOX_HOST_DOWN_AFTER} s old"
+                )
+                waited = True
+            time.sleep(1)
         beat.once(reconcile=True)  # up before the worker takes calls
         threading.Thread(target=beat.forever, name="host-heartbeat", daemon=True).start()
         self.stdout.write(
@@ -128,6 +145,7 @@ class _Heartbeat:
         self.provider = provider
         self.max_sandboxes = max_sandboxes
         self.stopped = threading.Event()
+        self.instance = uuid.uuid4().hex
 
     def _names(self) -> list[str]:
         return host_local_sandboxes(
@@ -153,13 +171,19 @@ class _Heartbeat:
                     logger.warning(json.dumps({"event": "host_reconciled", **settled}))
             names = self._names()
             running = sum(1 for n in names if self.provider.status(name=n) == SandboxStatus.RUNNING)
-            host_heartbeat(
+            held = host_heartbeat(
                 name=self.name,
+                instance=self.instance,
                 address=self.address,
                 root=self.provider.root,
                 max_sandboxes=self.max_sandboxes,
                 live_sandboxes=running,
             )
+            if held is None:
+                # Two live processes under one name would share one queue with two disks.
+                logger.error("another process took over sandbox host %s; stopping", self.name)
+                self.stopped.set()
+                os.kill(os.getpid(), signal.SIGTERM)
         except Exception:  # noqa: BLE001 - a missed beat is retried; the host must not die of it
             logger.exception("heartbeat failed host=%s", self.name)
             close_old_connections()
@@ -167,5 +191,20 @@ class _Heartbeat:
             connection.close()
 
     def forever(self) -> None:
+        beats = 0
         while not self.stopped.wait(settings.SANDBOX_HOST_HEARTBEAT):
             self.once()
+            beats += 1
+            if beats % _PRUNE_EVERY == 0:
+                self.prune()
+
+    def prune(self) -> None:
+        try:
+            host_base_caches_prune(
+                root=self.provider.root,
+                delete=lambda info: self.provider.delete_snapshot(snapshot=info),
+            )
+        except Exception:  # noqa: BLE001 - a cache left for the next round costs only disk
+            logger.exception("base cache pruning failed host=%s", self.name)
+        finally:
+            connection.close()
