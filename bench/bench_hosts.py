@@ -97,7 +97,7 @@ def main() -> None:
     from django.conf import settings
 
     from sandboxes_app.hosts.client import PoolProvider
-    from sandboxes_app.hosts.services import hosts_live
+    from sandboxes_app.hosts.services import hosts_live, sandbox_host_of
     from sandboxes_app.models import HostPlacement
     from sandboxes_app.providers.base import GitSource
     from sandboxes_app.providers.local import LocalProvider
@@ -141,8 +141,14 @@ def main() -> None:
         for _ in range(10):  # warm both paths (connections, caches)
             local.run(name=local_name, argv=["true"])
             pool.run(name=remote_name, argv=["true"])
-        on_local, on_remote = [], []
+        on_local, on_remote, transport, lookup = [], [], [], []
         for _ in range(args.commands):
+            started = time.perf_counter()
+            sandbox_host_of(name=remote_name)
+            lookup.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            pool.status(name=remote_name)
+            transport.append((time.perf_counter() - started) * 1000)
             started = time.perf_counter()
             assert local.run(name=local_name, argv=["true"]).exit_code == 0
             on_local.append((time.perf_counter() - started) * 1000)
@@ -182,6 +188,8 @@ def main() -> None:
     print(f"|{'-' * 30}|{'-' * 6}|{'-' * 11}|{'-' * 11}|")
     print(row("local provider", on_local))
     print(row("remote host (pool)", on_remote))
+    print(row("of which: placement lookup", lookup))
+    print(row("status call (lookup + HTTP)", transport))
     added = statistics.median(on_remote) - statistics.median(on_local)
     print(f"\nadded by the remote host on the median: {added:+.2f} ms (goal: at most +5 ms)")
     print(f"\ncreate from a base on the host, ms; snapshot storage: {storage}\n")

@@ -91,6 +91,9 @@ class Command(BaseCommand):
         except ProviderError as exc:
             raise CommandError(f"recoup cannot run sandboxes here: {exc}") from exc
         host_provider_set(provider)
+        # Only this process runs this SANDBOX_ROOT's sandboxes: a snapshot its predecessor was
+        # killed in the middle of must not leave a sandbox frozen.
+        provider.thaw_all()
         bind_host, bind_port = _bind(str(options["bind"]))
         server = HostServer((bind_host, bind_port), secret=host_secret())
         server.start()
