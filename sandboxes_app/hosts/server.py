@@ -27,6 +27,9 @@ MAX_BODY = 16 * 1024 * 1024
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: the caller reuses one connection per thread
+    # A connection that sends nothing for this long is closed, so idle or stalled ones (a slow
+    # sender holding a thread) do not pile up; a call's own run time does not count.
+    timeout = 300
     server: HostServer
 
     def setup(self) -> None:
