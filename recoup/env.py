@@ -111,6 +111,34 @@ def database_from_url(url: str) -> dict:
     )
 
 
+def s3_snapshot_storage(*, bucket: str, endpoint_url: str, region: str, prefix: str) -> dict:
+    """The STORAGES entry for snapshots in an S3 bucket (django-storages' S3Storage).
+
+    Credentials are not settings: boto3 finds them itself (AWS_ACCESS_KEY_ID and
+    AWS_SECRET_ACCESS_KEY, a profile, or the instance's role).
+    """
+    if not bucket:
+        raise ImproperlyConfigured("SNAPSHOT_STORAGE=s3 needs SNAPSHOT_S3_BUCKET")
+    if endpoint_url and urlsplit(endpoint_url).scheme not in ("http", "https"):
+        raise ImproperlyConfigured(
+            f"SNAPSHOT_S3_ENDPOINT_URL must be an http(s):// URL, got {endpoint_url!r}"
+        )
+    return {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": bucket,
+            "endpoint_url": endpoint_url or None,
+            "region_name": region or None,
+            "location": prefix.strip("/"),
+            # S3-compatible servers (MinIO...) answer at one host, not one per bucket.
+            "addressing_style": "path" if endpoint_url else None,
+            # Keys are unique per snapshot; the bucket's own policy decides who may read.
+            "file_overwrite": True,
+            "default_acl": None,
+        },
+    }
+
+
 def persistent_secret(path: Path) -> str:
     """Read a generated secret from the data dir, creating it on first start.
 

@@ -17,6 +17,7 @@ from recoup.env import (
     env_list,
     env_str,
     persistent_secret,
+    s3_snapshot_storage,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -323,22 +324,38 @@ LIFECYCLE_DISPATCH_GRACE = env_int("LIFECYCLE_DISPATCH_GRACE", 60, minimum=1)
 BASE_SNAPSHOT_MAX_AGE = env_int("BASE_SNAPSHOT_MAX_AGE", 7 * 24 * 3600, minimum=60)
 SNAPSHOT_RETENTION_DAYS = env_int("SNAPSHOT_RETENTION_DAYS", 30, minimum=1)
 SNAPSHOT_STORAGE_ROOT = Path(env_str("SNAPSHOT_STORAGE_ROOT", str(DATA_DIR / "snapshots")))
-# Any Django storage backend; django-storages' S3 backend reads its AWS_* settings itself.
+# Where snapshots are kept: "filesystem" (SNAPSHOT_STORAGE_ROOT, the embedded default) or "s3",
+# a bucket of AWS S3 or any S3-compatible server (MinIO...), streamed both ways.
+SNAPSHOT_STORAGE = env_choice("SNAPSHOT_STORAGE", "filesystem", ("filesystem", "s3"))
+SNAPSHOT_S3_BUCKET = env_str("SNAPSHOT_S3_BUCKET", "")
+SNAPSHOT_S3_ENDPOINT_URL = env_str("SNAPSHOT_S3_ENDPOINT_URL", "")
+SNAPSHOT_S3_REGION = env_str("SNAPSHOT_S3_REGION", "")
+SNAPSHOT_S3_PREFIX = env_str("SNAPSHOT_S3_PREFIX", "")
+# Any other Django storage backend, by dotted path (it reads its own settings).
 SNAPSHOT_STORAGE_BACKEND = env_str("SNAPSHOT_STORAGE_BACKEND", "")
+if SNAPSHOT_STORAGE_BACKEND and SNAPSHOT_STORAGE == "s3":
+    raise ImproperlyConfigured("Set SNAPSHOT_STORAGE=s3 or SNAPSHOT_STORAGE_BACKEND, not both")
+if SNAPSHOT_STORAGE_BACKEND:
+    _snapshots_storage = {"BACKEND": SNAPSHOT_STORAGE_BACKEND}
+elif SNAPSHOT_STORAGE == "s3":
+    _snapshots_storage = s3_snapshot_storage(
+        bucket=SNAPSHOT_S3_BUCKET,
+        endpoint_url=SNAPSHOT_S3_ENDPOINT_URL,
+        region=SNAPSHOT_S3_REGION,
+        prefix=SNAPSHOT_S3_PREFIX,
+    )
+else:
+    _snapshots_storage = {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        # Every tenant's workspace is in there: root's alone.
+        "OPTIONS": {
+            "location": str(SNAPSHOT_STORAGE_ROOT),
+            "file_permissions_mode": 0o600,
+            "directory_permissions_mode": 0o700,
+        },
+    }
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-    "snapshots": (
-        {"BACKEND": SNAPSHOT_STORAGE_BACKEND}
-        if SNAPSHOT_STORAGE_BACKEND
-        else {
-            "BACKEND": "django.core.files.storage.FileSystemStorage",
-            # Every tenant's workspace is in there: root's alone.
-            "OPTIONS": {
-                "location": str(SNAPSHOT_STORAGE_ROOT),
-                "file_permissions_mode": 0o600,
-                "directory_permissions_mode": 0o700,
-            },
-        }
-    ),
+    "snapshots": _snapshots_storage,
 }

@@ -6,8 +6,11 @@ character devices) and the `trusted.overlay.opaque` xattr. Python hashes and com
 stream so the sha256 is of exactly the bytes stored.
 
 On a filesystem storage the object is written under a temporary name, fsynced and renamed, so
-the key only ever names a complete object; other storages (S3) get the final key directly.
-Every write is verified by reading the stored object back.
+the key only ever names a complete object. On S3 (sandboxes_app.snapshot_s3) it is streamed up
+as a multipart upload, which S3 shows under its key only once completed, so there too the key
+only ever names a complete object; neither the upload nor a read holds more than a few parts
+in memory or on local disk. Other Django storages are handed a local spool of the object.
+Every write is verified by reading the stored object back, and every read checks the sha256.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import contextlib
 import hashlib
 import os
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -43,6 +47,12 @@ def _local_path(storage: Storage, key: str) -> Path | None:
     return None
 
 
+def _is_s3(storage: Storage) -> bool:
+    # boto3 is slow to import (~0.3 s); an S3 storage has loaded its module already.
+    module = sys.modules.get("storages.backends.s3")
+    return module is not None and isinstance(storage, module.S3Storage)
+
+
 def snapshot_write(*, source: Path, storage_key: str) -> tuple[str, int]:
     """Store `source` under `storage_key`; returns (sha256, size) of the stored object."""
     tar = subprocess.Popen(
@@ -68,6 +78,10 @@ def snapshot_write(*, source: Path, storage_key: str) -> tuple[str, int]:
         local = _local_path(storage, storage_key)
         if local is not None:
             _write_local(local, compressed())
+        elif _is_s3(storage):
+            from sandboxes_app.snapshot_s3 import s3_upload
+
+            s3_upload(storage=storage, storage_key=storage_key, chunks=compressed())
         else:
             _write_remote(storage, storage_key, compressed())
     finally:
@@ -115,8 +129,14 @@ def _write_remote(storage: Storage, key: str, chunks: Iterator[bytes]) -> None:
         raise ProviderError(f"Snapshot storage saved {saved!r} instead of {key!r}")
 
 
-def _check_present(*, storage_key: str, size_bytes: int) -> Storage:
+def _stored(*, storage_key: str, size_bytes: int) -> Iterator[bytes]:
+    """The stored object in CHUNK pieces; SnapshotMissing or SnapshotCorrupt (a size other than
+    `size_bytes`) are raised here, before any is read."""
     storage = snapshot_storage()
+    if _is_s3(storage):
+        from sandboxes_app.snapshot_s3 import s3_open
+
+        return s3_open(storage=storage, storage_key=storage_key, size_bytes=size_bytes)
     if not storage.exists(storage_key):
         raise SnapshotMissing(f"Snapshot {storage_key} is missing from storage")
     actual = storage.size(storage_key)
@@ -124,16 +144,20 @@ def _check_present(*, storage_key: str, size_bytes: int) -> Storage:
         raise SnapshotCorrupt(
             f"Snapshot {storage_key} is {actual} bytes, {size_bytes} were recorded"
         )
-    return storage
+    return _read(storage, storage_key)
+
+
+def _read(storage: Storage, storage_key: str) -> Iterator[bytes]:
+    with storage.open(storage_key, "rb") as f:
+        while chunk := f.read(CHUNK):
+            yield chunk
 
 
 def snapshot_verify(*, storage_key: str, sha256: str, size_bytes: int) -> None:
     """Raise SnapshotMissing or SnapshotCorrupt unless the stored bytes hash to `sha256`."""
-    storage = _check_present(storage_key=storage_key, size_bytes=size_bytes)
     hasher = hashlib.sha256()
-    with storage.open(storage_key, "rb") as f:
-        while chunk := f.read(CHUNK):
-            hasher.update(chunk)
+    for chunk in _stored(storage_key=storage_key, size_bytes=size_bytes):
+        hasher.update(chunk)
     if hasher.hexdigest() != sha256:
         raise SnapshotCorrupt(f"Snapshot {storage_key} does not match its sha256")
 
@@ -144,7 +168,7 @@ def snapshot_extract(*, storage_key: str, sha256: str, size_bytes: int, dest: Pa
     Raises SnapshotMissing/SnapshotCorrupt; the caller discards `dest` then. The hash is checked
     over the same single read that feeds tar, so a verified restore costs one pass.
     """
-    storage = _check_present(storage_key=storage_key, size_bytes=size_bytes)
+    chunks = _stored(storage_key=storage_key, size_bytes=size_bytes)
     hasher = hashlib.sha256()
     errors = tempfile.TemporaryFile()
     tar = subprocess.Popen(
@@ -157,15 +181,14 @@ def snapshot_extract(*, storage_key: str, sha256: str, size_bytes: int, dest: Pa
     damaged = False
     try:
         decompressor = zstandard.ZstdDecompressor().decompressobj()
-        with storage.open(storage_key, "rb") as f:
-            while chunk := f.read(CHUNK):
-                hasher.update(chunk)
-                if damaged:
-                    continue  # keep hashing so the error says what is wrong
-                try:
-                    tar.stdin.write(decompressor.decompress(chunk))
-                except (zstandard.ZstdError, BrokenPipeError):
-                    damaged = True
+        for chunk in chunks:
+            hasher.update(chunk)
+            if damaged:
+                continue  # keep hashing so the error says what is wrong
+            try:
+                tar.stdin.write(decompressor.decompress(chunk))
+            except (zstandard.ZstdError, BrokenPipeError):
+                damaged = True
     finally:
         with contextlib.suppress(BrokenPipeError):
             tar.stdin.close()

@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 from recoup.accounts.models import Account, Membership, Organization
 from recoup.accounts.services import account_get_or_create, api_key_issue, organization_join
 from tests.support.origin import Origins
+from tests.support.s3 import MotoServer
 from tests.support.worker import Worker
 
 
@@ -119,6 +120,14 @@ def pool(tmp_path, settings, origins):
     started = Pool(tmp_path, 2, env={}).start()
     yield started
     started.close()
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory) -> Iterator[MotoServer]:
+    """A real S3 API (moto's server) for this test process; each test takes its own bucket."""
+    server = MotoServer(log_path=tmp_path_factory.mktemp("moto") / "moto.log").start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,14 +5,17 @@ left running, so no sandbox process outlives its test."""
 import contextlib
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from django.core.files.storage import storages
 
+from recoup.env import s3_snapshot_storage
 from sandboxes_app.providers.base import GitSource
 from sandboxes_app.providers.local import LocalProvider
 from sandboxes_app.providers.local_volume import mounted
+from tests.support.s3 import CREDENTIALS, MotoServer
 
 
 @pytest.fixture
@@ -29,6 +32,40 @@ def sandbox_root(tmp_path, settings) -> Path:
     }
     assert storages["snapshots"].location == str(tmp_path / "snapshots")
     return settings.SANDBOX_ROOT
+
+
+@dataclass
+class S3Bucket:
+    client: object  # a boto3 S3 client, for looking at the objects from outside
+    name: str
+    prefix: str
+
+    def key(self, storage_key: str) -> str:
+        return f"{self.prefix}/{storage_key}"
+
+    def keys(self) -> set[str]:
+        listed = self.client.list_objects_v2(Bucket=self.name)
+        return {entry["Key"] for entry in listed.get("Contents", [])}
+
+
+@pytest.fixture
+def s3_bucket(sandbox_root, settings, monkeypatch, moto_server: MotoServer) -> S3Bucket:
+    """The "snapshots" storage in a fresh bucket of the moto server, configured as
+    SNAPSHOT_STORAGE=s3 configures it, with a key prefix; credentials from the environment."""
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    bucket = S3Bucket(client=moto_server.client(), name=moto_server.new_bucket(), prefix="recoup")
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "snapshots": s3_snapshot_storage(
+            bucket=bucket.name,
+            endpoint_url=moto_server.endpoint_url,
+            region="us-east-1",
+            prefix=bucket.prefix,
+        ),
+    }
+    assert storages["snapshots"].bucket_name == bucket.name
+    return bucket
 
 
 @pytest.fixture
