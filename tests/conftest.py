@@ -110,14 +110,34 @@ def worker(tmp_path, settings, origins) -> Iterator[Worker]:
 
 
 @pytest.fixture
-def pool(tmp_path, settings, origins):
+def pool(tmp_path, settings, origins, monkeypatch, moto_server):
     """Two started sandbox hosts (`manage.py sandbox_host`) on this machine, with this test
-    process as the pool's web (SANDBOX_PROVIDER=pool); a host is down 3 s after its last beat."""
+    process as the pool's web (SANDBOX_PROVIDER=pool); a host is down 3 s after its last beat.
+    Snapshots go to a fresh bucket of a real S3 API (moto's server), which every process uses
+    as SNAPSHOT_STORAGE=s3 configures it."""
+    from recoup.env import s3_snapshot_storage
     from tests.support.hosts import Pool
+    from tests.support.s3 import CREDENTIALS
 
+    bucket = moto_server.new_bucket()
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    s3 = {
+        "SNAPSHOT_STORAGE": "s3",
+        "SNAPSHOT_S3_BUCKET": bucket,
+        "SNAPSHOT_S3_ENDPOINT_URL": moto_server.endpoint_url,
+        "SNAPSHOT_S3_REGION": "us-east-1",
+        "SNAPSHOT_S3_PREFIX": "pool",
+    }
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "snapshots": s3_snapshot_storage(
+            bucket=bucket, endpoint_url=moto_server.endpoint_url, region="us-east-1", prefix="pool"
+        ),
+    }
     settings.SANDBOX_PROVIDER = "pool"
     settings.SANDBOX_HOST_DOWN_AFTER = 3
-    started = Pool(tmp_path, 2, env={}).start()
+    started = Pool(tmp_path, 2, env={**CREDENTIALS, **s3}).start()
     yield started
     started.close()
 
