@@ -214,3 +214,24 @@ def test_a_checkpoint_racing_a_hibernation_never_loses_the_snapshot_or_leaks(
     start_sandbox(owner, session_id, repo_url)
     assert sh(owner, session_id, "cat r.txt")["stdout"] == "raced\n"
     wait_state(session_id, "active")
+
+
+def test_of_two_checkpoints_at_once_one_is_current_and_the_other_leaves_nothing(owner, repo_url):
+    session_id = new_session(owner)
+    start_sandbox(owner, session_id, repo_url)
+    sh(owner, session_id, "head -c 40000000 /dev/urandom > big.bin; echo both > b.txt")
+    outcomes: list = []
+
+    first = _checkpoint_in_thread(session_id, outcomes)
+    wait_for(
+        lambda: any(".tmp-" in key for key in stored_keys(session_id)), timeout=10, interval=0.001
+    )
+    second = _checkpoint_in_thread(session_id, outcomes)  # sees the same session as the first
+    first.join()
+    second.join()
+
+    winners = [snapshot for snapshot in outcomes if snapshot is not None]
+    assert len(winners) == 1
+    session = Session.objects.get(id=session_id)
+    assert session.current_snapshot_id == winners[0].id
+    assert stored_keys(session_id) == live_snapshot_keys(session_id) == {winners[0].storage_key}
