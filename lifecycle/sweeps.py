@@ -17,6 +17,7 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from lifecycle.checkpoints import sessions_claim_checkpoints
 from lifecycle.hibernation import snapshot_discard
 from lifecycle.leases import LEASE_RELEASE
 from lifecycle.models import BaseSnapshotBuild
@@ -101,8 +102,8 @@ def sessions_claim_due(*, limit: int) -> list[Due]:
 
 
 def sweep_run(*, limit: int, enqueue: Callable[[Due], None]) -> int:
-    """Beat's frequent sweep: claim due sessions and enqueue one task each, expire one-shot
-    sandboxes, reap dead base builds. Returns how many sessions were dispatched.
+    """Beat's frequent sweep: claim due sessions (checkpoints too) and enqueue one task each,
+    expire one-shot sandboxes, reap dead base builds. Returns how many sessions were dispatched.
 
     It runs every LIFECYCLE_SWEEP_INTERVAL (5 s), so it logs one line when it did something
     and nothing when it did not: an idle service's log stays quiet.
@@ -111,6 +112,9 @@ def sweep_run(*, limit: int, enqueue: Callable[[Due], None]) -> int:
     # the due work is claimed.
     hosts_down = hosts_mark_down() if settings.SANDBOX_PROVIDER == "pool" else []
     due = sessions_claim_due(limit=limit)
+    # Checkpoints come last, with what is left of the batch: hibernations and recoveries first.
+    checkpoints = sessions_claim_checkpoints(limit=limit - len(due))
+    due += [Due(session_id=i, version=0, reason="checkpoint") for i in checkpoints]
     for item in due:
         enqueue(item)
     expired = oneshot_sandboxes_expire(limit=limit)

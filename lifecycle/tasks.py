@@ -5,6 +5,7 @@ from django.conf import settings
 
 from lifecycle import sweeps
 from lifecycle.bases import base_build_run
+from lifecycle.checkpoints import session_checkpoint
 from lifecycle.hibernation import session_hibernate
 
 
@@ -32,8 +33,17 @@ def retry_session(session_id: str, version: int) -> None:
     sweeps.session_retry_failed(session_id=session_id, version=version, actor="sweep")
 
 
+@shared_task(name="lifecycle.checkpoint_session", ignore_result=True)
+def checkpoint_session(session_id: str) -> None:
+    """Checkpoint a session if it is still active with unsaved changes (a redelivered task
+    finds none and does nothing)."""
+    session_checkpoint(session_id=session_id, actor="worker")
+
+
 def _enqueue(due: sweeps.Due) -> None:
-    if due.reason == "stuck":
+    if due.reason == "checkpoint":
+        checkpoint_session.delay(due.session_id)
+    elif due.reason == "stuck":
         recover_session.delay(due.session_id, due.version)
     elif due.reason == "retry":
         retry_session.delay(due.session_id, due.version)

@@ -323,6 +323,9 @@ LIFECYCLE_EXPIRY_BUFFER = env_int("LIFECYCLE_EXPIRY_BUFFER", 30, minimum=0)
 LIFECYCLE_DISPATCH_GRACE = env_int("LIFECYCLE_DISPATCH_GRACE", 60, minimum=1)
 BASE_SNAPSHOT_MAX_AGE = env_int("BASE_SNAPSHOT_MAX_AGE", 7 * 24 * 3600, minimum=60)
 SNAPSHOT_RETENTION_DAYS = env_int("SNAPSHOT_RETENTION_DAYS", 30, minimum=1)
+# Seconds between checkpoint snapshots of an active sandbox that changed since its last one
+# (0: none). They bound what losing the host loses: the session resumes from its last snapshot.
+SANDBOX_CHECKPOINT_INTERVAL = env_int("SANDBOX_CHECKPOINT_INTERVAL", 0, minimum=0)
 SNAPSHOT_STORAGE_ROOT = Path(env_str("SNAPSHOT_STORAGE_ROOT", str(DATA_DIR / "snapshots")))
 # Where snapshots are kept: "filesystem" (SNAPSHOT_STORAGE_ROOT, the embedded default) or "s3",
 # a bucket of AWS S3 or any S3-compatible server (MinIO...), streamed both ways.

@@ -303,6 +303,9 @@ def _activate(
         },
         "lifecycle_attempts": 0,
         "lifecycle_retry_at": None,
+        # A fresh clone or a fresh resume holds nothing unsaved; a workspace kept on disk may
+        # (None: its first checkpoint is due at once).
+        "workspace_saved_at": None if info.details.get("reused", True) else now,
     }
     with transaction.atomic():
         current = Session.objects.select_for_update().get(id=session_id)

@@ -1,7 +1,7 @@
 import secrets
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 from lifecycle.states import LifecycleState
 from recoup.accounts.models import Account, Organization
@@ -85,6 +85,13 @@ class Session(models.Model):
         max_length=16, null=True, blank=True, choices=[(p, p) for p in PROVISIONING_PHASES]
     )
     provisioning_percent = models.SmallIntegerField(null=True, blank=True)
+    # Every change made to the live workspace before this instant survives losing it: it is in
+    # the current snapshot, or there was none (a fresh clone comes back from the repository).
+    # None: not known, so a checkpoint is due (lifecycle.checkpoints). Never activity.
+    workspace_saved_at = models.DateTimeField(null=True, blank=True)
+    # The sweep's dispatch mark for checkpoints, apart from lifecycle_dispatched_at so a queued
+    # checkpoint never delays the dispatch of a hibernation by a dispatch grace.
+    checkpoint_dispatched_at = models.DateTimeField(null=True, blank=True)
 
     lines_added = models.IntegerField(null=True, blank=True, default=0)
     lines_removed = models.IntegerField(null=True, blank=True, default=0)
@@ -123,6 +130,11 @@ class Session(models.Model):
                 fields=["lifecycle_retry_at"],
                 name="sweep_retry",
                 condition=Q(lifecycle_state="failed"),
+            ),
+            models.Index(
+                F("workspace_saved_at").asc(nulls_first=True),
+                name="sweep_checkpoint",
+                condition=Q(lifecycle_state="active"),
             ),
         ]
 
