@@ -7,6 +7,7 @@ import pytest
 from django.core.files.storage import storages
 from django.utils import timezone
 
+from lifecycle.checkpoints import session_checkpoint
 from lifecycle.hibernation import session_hibernate
 from lifecycle.states import LifecycleState as S
 from sandboxes_app.hosts.services import hosts_mark_down
@@ -48,7 +49,7 @@ def test_new_sandboxes_spread_over_the_hosts_and_commands_stay_on_theirs(pool, o
     assert not host_2.holds(session_sandbox_name(first))
 
 
-def test_a_killed_host_is_marked_down_and_its_session_resumes_elsewhere_from_its_snapshot(
+def test_a_killed_host_is_marked_down_and_its_session_resumes_elsewhere_from_its_checkpoint(
     pool, owner, repo_url
 ):
     session_id = new_session(owner)
@@ -58,7 +59,9 @@ def test_a_killed_host_is_marked_down_and_its_session_resumes_elsewhere_from_its
     assert session_hibernate(session_id=session_id, actor="test", reason="test") is not None
     start_sandbox(owner, session_id, repo_url)  # resumed from the snapshot
     doomed = pool.host_of(name)
-    sh(owner, session_id, "echo after-snapshot > unsaved.txt")
+    sh(owner, session_id, "echo checkpointed > checkpointed.txt")
+    assert session_checkpoint(session_id=session_id, actor="test") is not None
+    sh(owner, session_id, "echo after-checkpoint > unsaved.txt")
 
     doomed.kill()
     _mark_down(doomed)
@@ -73,7 +76,8 @@ def test_a_killed_host_is_marked_down_and_its_session_resumes_elsewhere_from_its
     assert survivor is not doomed
     assert answer["currentBranch"]
     assert sh(owner, session_id, "cat saved.txt")["stdout"] == "before-snapshot\n"
-    # Documented loss: what changed after the last snapshot stayed on the dead host.
+    assert sh(owner, session_id, "cat checkpointed.txt")["stdout"] == "checkpointed\n"
+    # Documented loss: what changed after the last checkpoint stayed on the dead host.
     assert sh(owner, session_id, "test -e unsaved.txt")["exitCode"] == 1
 
     # The dead host comes back: its stale copy is kept in storage for operators, then deleted.
