@@ -2,7 +2,7 @@
 local path, and a create from a base with the host's base cache cold (fetched from the snapshot
 storage) against warm. Prints tables; not a test.
 
-    python bench/bench_hosts.py [--commands 200] [--creates 5] [--s3]
+    python bench/bench_hosts.py [--commands 200] [--creates 5] [--s3] [--base-mb 20]
 
 It starts one `manage.py sandbox_host` on this machine (its own SANDBOX_ROOT and id pool) and
 acts as the pool's web itself. "local" is the embedded default's path: this process's own local
@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench"))  # bench_boundary's origin
 DB = "recoup_bench_hosts"
 
 
@@ -48,15 +48,27 @@ def main() -> None:
     parser.add_argument("--commands", type=int, default=200)
     parser.add_argument("--creates", type=int, default=5)
     parser.add_argument("--s3", action="store_true")
+    parser.add_argument("--base-mb", type=int, default=20, help="size of the base's one big file")
     args = parser.parse_args()
 
     data = Path(tempfile.mkdtemp(prefix="bench-hosts-"))
     subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", "--if-exists", DB], check=True)
     subprocess.run(["createdb", "-h", "127.0.0.1", "-U", "postgres", DB], check=True)
-    from bench_boundary import make_origin
+    from bench_boundary import GIT_ENV, make_origin
 
     origins = data / "origins"
     make_origin(origins)
+    if args.base_mb:  # a base worth fetching: incompressible, so it is that big in storage
+        work = origins / "work"
+        (work / "blob.bin").write_bytes(os.urandom(args.base_mb * 1024 * 1024))
+        for git in (["add", "-A"], ["commit", "-q", "-m", "blob"]):
+            subprocess.run(["git", *git], cwd=work, env=GIT_ENV, check=True)
+        subprocess.run(
+            ["git", "push", "-q", str(origins / "bench" / "app.git"), "main"],
+            cwd=work,
+            env=GIT_ENV,
+            check=True,
+        )
     env = {
         "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB}",
         "REDIS_URL": "redis://127.0.0.1:6379/14",
@@ -69,23 +81,16 @@ def main() -> None:
     }
     moto = None
     if args.s3:
-        from moto.server import ThreadedMotoServer
+        # moto's server in a process of its own, as the tests run it.
+        from tests.support.s3 import CREDENTIALS, MotoServer
 
-        moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-        moto.start()
-        host, port = moto.get_host_and_port()
+        moto = MotoServer(log_path=data / "moto.log").start()
         env.update(
+            CREDENTIALS,
             SNAPSHOT_STORAGE="s3",
-            SNAPSHOT_S3_BUCKET="bench-hosts",
-            SNAPSHOT_S3_ENDPOINT_URL=f"http://{host}:{port}",
-            AWS_ACCESS_KEY_ID="bench",
-            AWS_SECRET_ACCESS_KEY="bench",
-            AWS_DEFAULT_REGION="us-east-1",
-        )
-        import boto3
-
-        boto3.client("s3", endpoint_url=env["SNAPSHOT_S3_ENDPOINT_URL"]).create_bucket(
-            Bucket="bench-hosts"
+            SNAPSHOT_S3_BUCKET=moto.new_bucket(),
+            SNAPSHOT_S3_ENDPOINT_URL=moto.endpoint_url,
+            SNAPSHOT_S3_REGION="us-east-1",
         )
     os.environ.update(env)
     import django
