@@ -92,6 +92,8 @@ def main() -> None:
             SNAPSHOT_S3_ENDPOINT_URL=moto.endpoint_url,
             SNAPSHOT_S3_REGION="us-east-1",
         )
+    else:  # one machine: its hosts share a filesystem storage, set explicitly for the pool
+        env["SNAPSHOT_STORAGE_ROOT"] = str(data / "snapshots")
     os.environ.update(env)
     import django
 
@@ -103,7 +105,7 @@ def main() -> None:
 
     from sandboxes_app.hosts.client import PoolProvider
     from sandboxes_app.hosts.services import hosts_live, sandbox_host_of
-    from sandboxes_app.models import HostPlacement
+    from sandboxes_app.models import HostPlacement, SandboxHost
     from sandboxes_app.providers.base import GitSource
     from sandboxes_app.providers.local import LocalProvider
 
@@ -146,7 +148,8 @@ def main() -> None:
         for _ in range(10):  # warm both paths (connections, caches)
             local.run(name=local_name, argv=["true"])
             pool.run(name=remote_name, argv=["true"])
-        on_local, on_remote, transport, lookup = [], [], [], []
+        on_local, on_remote, transport, lookup, queued = [], [], [], [], []
+        host_row = SandboxHost.objects.get(name=name)
         for _ in range(args.commands):
             started = time.perf_counter()
             sandbox_host_of(name=remote_name)
@@ -154,6 +157,11 @@ def main() -> None:
             started = time.perf_counter()
             pool.status(name=remote_name)
             transport.append((time.perf_counter() - started) * 1000)
+            # The other door: the same kind of no-op through the host's Celery queue and a
+            # Redis reply list (`stop` of a sandbox that does not exist does nothing).
+            started = time.perf_counter()
+            pool._lifecycle(host_row, "stop", name="bench-nothing")
+            queued.append((time.perf_counter() - started) * 1000)
             started = time.perf_counter()
             assert local.run(name=local_name, argv=["true"]).exit_code == 0
             on_local.append((time.perf_counter() - started) * 1000)
@@ -195,6 +203,7 @@ def main() -> None:
     print(row("remote host (pool)", on_remote))
     print(row("of which: placement lookup", lookup))
     print(row("status call (lookup + HTTP)", transport))
+    print(row("no-op via the Celery queue", queued))
     added = statistics.median(on_remote) - statistics.median(on_local)
     print(f"\nadded by the remote host on the median: {added:+.2f} ms (goal: at most +5 ms)")
     print(f"\ncreate from a base on the host, ms; snapshot storage: {storage}\n")

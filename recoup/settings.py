@@ -327,6 +327,9 @@ SNAPSHOT_RETENTION_DAYS = env_int("SNAPSHOT_RETENTION_DAYS", 30, minimum=1)
 # (0: none). They bound what losing the host loses: the session resumes from its last snapshot.
 SANDBOX_CHECKPOINT_INTERVAL = env_int("SANDBOX_CHECKPOINT_INTERVAL", 0, minimum=0)
 SNAPSHOT_STORAGE_ROOT = Path(env_str("SNAPSHOT_STORAGE_ROOT", str(DATA_DIR / "snapshots")))
+# A pool's hosts must all reach every snapshot: with a filesystem storage only when the root is
+# set explicitly (a mount every host shares), never the per-machine default under the data dir.
+SNAPSHOT_STORAGE_ROOT_EXPLICIT = bool(env_str("SNAPSHOT_STORAGE_ROOT", ""))
 # Where snapshots are kept: "filesystem" (SNAPSHOT_STORAGE_ROOT, the embedded default) or "s3",
 # a bucket of AWS S3 or any S3-compatible server (MinIO...), streamed both ways.
 SNAPSHOT_STORAGE = env_choice("SNAPSHOT_STORAGE", "filesystem", ("filesystem", "s3"))

@@ -60,6 +60,22 @@ def _http() -> requests.Session:
     return session
 
 
+def pool_storage_problem() -> str | None:
+    """Why the snapshot storage cannot serve a pool, else None. A resume lands on any host,
+    and a snapshot it cannot find makes a fresh sandbox: a storage that only one machine sees
+    would quietly lose every session that moves."""
+    from django.core.files.storage import FileSystemStorage, storages
+
+    if isinstance(storages["snapshots"], FileSystemStorage) and not (
+        settings.SNAPSHOT_STORAGE_ROOT_EXPLICIT
+    ):
+        return (
+            "SANDBOX_PROVIDER=pool needs a snapshot storage every host reaches: "
+            "SNAPSHOT_STORAGE=s3, or SNAPSHOT_STORAGE_ROOT on a filesystem all hosts mount"
+        )
+    return None
+
+
 def _progress_spec(progress: Progress | None) -> dict | None:
     # A host reports progress itself, into the same session row and bus, fenced by the lease.
     from lifecycle.progress import ProvisioningProgress
@@ -88,6 +104,9 @@ class PoolProvider(SandboxProvider):
             raise ProviderError(
                 "SANDBOX_PROVIDER=pool needs REDIS_URL (lifecycle replies from the hosts)"
             )
+        problem = pool_storage_problem()
+        if problem is not None:
+            raise ProviderError(problem)
         return cls(call_timeout=settings.SANDBOX_HOST_CALL_TIMEOUT)
 
     def describe_limits(self) -> str:

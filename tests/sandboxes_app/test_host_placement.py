@@ -3,9 +3,11 @@
 from datetime import timedelta
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from lifecycle.sweeps import sweep_run
+from sandboxes_app.checks import sandbox_provider_problem
 from sandboxes_app.hosts.services import host_choose, hosts_mark_down, sandbox_place
 from sandboxes_app.models import HostPlacement, SandboxHost
 from sandboxes_app.providers.base import ProviderError
@@ -80,3 +82,34 @@ def test_the_sweep_marks_a_silent_host_down_within_its_deadline(settings):
     assert SandboxHost.objects.get(name="silent").status == SandboxHost.Status.DOWN
     assert SandboxHost.objects.get(name="fresh").status == SandboxHost.Status.UP
     assert hosts_mark_down() == []  # once only
+
+
+@pytest.mark.parametrize(
+    ("argv", "changes", "refusal"),
+    [
+        (["--name", "Bad_Name"], {"SANDBOX_PROVIDER": "pool"}, "--name must be"),
+        (["--name", "host-a"], {"SANDBOX_PROVIDER": "local"}, "set SANDBOX_PROVIDER=pool"),
+        (
+            ["--name", "host-a"],
+            {"SANDBOX_PROVIDER": "pool", "SNAPSHOT_STORAGE_ROOT_EXPLICIT": False},
+            "a snapshot storage every host reaches",
+        ),
+    ],
+)
+def test_a_sandbox_host_refuses_to_start_misconfigured_and_registers_nothing(
+    settings, argv, changes, refusal
+):
+    for name, value in changes.items():
+        setattr(settings, name, value)
+    settings.REDIS_URL = settings.REDIS_URL or "redis://127.0.0.1:6379/0"
+    with pytest.raises(CommandError, match=refusal):
+        call_command("sandbox_host", *argv)
+    assert not SandboxHost.objects.exists()
+
+
+def test_a_pool_with_a_storage_only_one_machine_sees_refuses_to_start(settings):
+    settings.SANDBOX_PROVIDER = "pool"
+    settings.SNAPSHOT_STORAGE_ROOT_EXPLICIT = False
+    assert "SNAPSHOT_STORAGE=s3" in sandbox_provider_problem()
+    settings.SNAPSHOT_STORAGE_ROOT_EXPLICIT = True  # a root every host mounts
+    assert sandbox_provider_problem() is None

@@ -24,6 +24,7 @@ from django.db import close_old_connections, connection
 
 from recoup.celery import app as celery_app
 from sandboxes_app.hosts.auth import host_secret
+from sandboxes_app.hosts.client import pool_storage_problem
 from sandboxes_app.hosts.dispatch import host_provider_set
 from sandboxes_app.hosts.server import HostServer
 from sandboxes_app.hosts.services import (
@@ -86,6 +87,9 @@ class Command(BaseCommand):
             raise CommandError("A sandbox host serves a pool: set SANDBOX_PROVIDER=pool")
         if not settings.REDIS_URL or settings.CELERY_BROKER_URL.startswith("filesystem://"):
             raise CommandError("A sandbox host needs REDIS_URL and a Redis CELERY_BROKER_URL")
+        storage_problem = pool_storage_problem()
+        if storage_problem is not None:
+            raise CommandError(storage_problem)
         try:
             provider = LocalProvider.from_settings()
         except ProviderError as exc:
