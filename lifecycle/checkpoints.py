@@ -69,7 +69,9 @@ def sessions_claim_checkpoints(*, limit: int) -> list[str]:
             )
         )
         .filter(Q(checkpoint_dispatched_at__isnull=True) | Q(checkpoint_dispatched_at__lt=grace))
-        .order_by(F("workspace_saved_at").asc(nulls_first=True))
+        # Oldest save first (never-saved ones last on PostgreSQL, first on SQLite), as the
+        # partial index serves it.
+        .order_by("workspace_saved_at")
     )
     with transaction.atomic():
         ids = list(

@@ -1,7 +1,7 @@
 import secrets
 
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import Q
 
 from lifecycle.states import LifecycleState
 from recoup.accounts.models import Account, Organization
@@ -131,8 +131,9 @@ class Session(models.Model):
                 name="sweep_retry",
                 condition=Q(lifecycle_state="failed"),
             ),
+            # A plain ascending index: SQLite (the embedded default) has no NULLS FIRST in one.
             models.Index(
-                F("workspace_saved_at").asc(nulls_first=True),
+                fields=["workspace_saved_at"],
                 name="sweep_checkpoint",
                 condition=Q(lifecycle_state="active"),
             ),

@@ -24,6 +24,6 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='session',
-            index=models.Index(models.OrderBy(models.F('workspace_saved_at'), nulls_first=True), condition=models.Q(('lifecycle_state', 'active')), name='sweep_checkpoint'),
+            index=models.Index(condition=models.Q(('lifecycle_state', 'active')), fields=['workspace_saved_at'], name='sweep_checkpoint'),
         ),
     ]
