@@ -144,9 +144,13 @@ def test_a_second_process_with_a_live_hosts_name_waits_instead_of_sharing_it(poo
     twin = Host(
         name=first.name,
         root=tmp_path / "twin",
-        id_pool_start=first.id_pool_start + 32 * 65536,
+        id_pool_start=pool.hosts[-1].id_pool_start + 64 * 65536,  # the worker's third block
         log_path=tmp_path / "twin.log",
-        env={**first.env, "SANDBOX_ROOT": str(tmp_path / "twin")},
+        env={
+            **first.env,
+            "SANDBOX_ROOT": str(tmp_path / "twin"),
+            "SANDBOX_ID_POOL_START": str(pool.hosts[-1].id_pool_start + 64 * 65536),
+        },
     ).start()
     try:
         wait_for(lambda: "waiting until its heartbeat" in twin.log(), timeout=30)

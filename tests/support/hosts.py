@@ -101,11 +101,13 @@ class Host:
 class Pool:
     def __init__(self, tmp_path: Path, count: int, env: dict[str, str]) -> None:
         tag = uuid.uuid4().hex[:8]
+        # Each xdist worker's hosts get ranges of their own too: they share this kernel.
+        worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
         self.hosts = [
             Host(
                 name=f"t{tag}-{chr(ord('a') + i)}",
                 root=tmp_path / f"host-{i}",
-                id_pool_start=_ID_POOL_BASE + i * _SLOTS * 65536,
+                id_pool_start=_ID_POOL_BASE + (worker * 4 + i) * _SLOTS * 65536,
                 log_path=tmp_path / f"host-{i}.log",
                 env={},
             )
