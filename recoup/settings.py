@@ -88,6 +88,14 @@ if "pool" in DATABASES["default"].get("OPTIONS", {}):
     # Connections one process keeps to PostgreSQL, shared by all its threads; web workers x
     # this (plus the worker's) must stay under the server's max_connections.
     DATABASES["default"]["OPTIONS"]["pool"]["max_size"] = env_int("DB_POOL_SIZE", 8, minimum=1)
+# The status poll's statement is prepared once per pooled connection (sandboxes_app.selectors).
+# Turn off behind a pooler that cannot keep prepared statements (PgBouncer before 1.21 in
+# transaction mode).
+DB_PREPARED_POLL = env_bool("DB_PREPARED_POLL", True)
+if DB_PREPARED_POLL and "pool" in DATABASES["default"].get("OPTIONS", {}):
+    # Django turns psycopg's preparing off (None), which also refuses an explicit prepare; a
+    # threshold no statement reaches keeps every other query unprepared, as before.
+    DATABASES["default"]["OPTIONS"]["prepare_threshold"] = 2**31 - 1
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL", "")

@@ -1,7 +1,7 @@
 """The per-account request rate (API_RATE_LIMIT): a fixed-window counter.
 
-One Redis round trip per request (INCR and EXPIREAT in one MULTI/EXEC) on a client shared by the
-whole process, rather than DRF's history list of up to N timestamps pickled through the cache.
+One Redis round trip per request (INCR and EXPIREAT pipelined) on a client shared by the whole
+process, rather than DRF's history list of up to N timestamps pickled through the cache.
 Without REDIS_URL the counters live in the process, as DRF's did in the local-memory cache.
 
 A fixed window lets a client spend its budget at the end of one window and again at the start
@@ -53,9 +53,11 @@ def window_count(key: str, *, window: int, window_ends_at: int) -> int:
     if not settings.REDIS_URL:
         return _local_counters.incr(key, window)
     redis_key = f"{_KEY_PREFIX}{key}:{window}"
-    pipe = redis_client(settings.REDIS_URL).pipeline(transaction=True)
+    # No MULTI/EXEC around the two (it doubled the commands the client packs and parses):
+    # another client's commands in between change nothing, since the expiry is absolute and
+    # repeating it is harmless. A second of slack for clocks between hosts.
+    pipe = redis_client(settings.REDIS_URL).pipeline(transaction=False)
     pipe.incr(redis_key)
-    # Absolute, so repeating it is harmless; a second of slack for clocks between hosts.
     pipe.expireat(redis_key, window_ends_at + 1)
     count, _ = pipe.execute()
     return count

@@ -4,19 +4,19 @@ from sandboxes_app.command_views import CommandKillView, CommandLogsView, Comman
 from sandboxes_app.event_views import SandboxEventsView
 from sandboxes_app.legacy_views import SandboxesView
 from sandboxes_app.oneshot_views import OneshotDestroyView
+from sandboxes_app.poll import sandbox_status
 from sandboxes_app.views import (
     SandboxActivityView,
     SandboxCommandView,
     SandboxExtendView,
     SandboxHibernateView,
     SandboxReconnectView,
-    SandboxStatusView,
     SandboxView,
 )
 
 urlpatterns = [
     path("sandbox", SandboxView.as_view(), name="sandbox"),
-    path("sandbox/status", SandboxStatusView.as_view(), name="sandbox-status"),
+    path("sandbox/status", sandbox_status, name="sandbox-status"),
     path("sandbox/reconnect", SandboxReconnectView.as_view(), name="sandbox-reconnect"),
     path("sandbox/commands", SandboxCommandView.as_view(), name="sandbox-commands"),
     path("sandbox/commands/<str:command_id>", CommandView.as_view(), name="sandbox-command"),

@@ -4,6 +4,7 @@ the same answers as a read of the whole row."""
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from lifecycle.states import LifecycleState as S
@@ -147,3 +148,26 @@ def test_the_poll_answers_404_then_403_as_before(owner, stranger):
     assert owner.client.get(STATUS, {"sessionId": "nope"}).status_code == 404
     assert stranger.client.get(STATUS, {"sessionId": session.id}).status_code == 403
     assert stranger.client.get(RECONNECT, {"sessionId": session.id}).status_code == 403
+
+
+def _prepared_polls() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%has_live_snapshot%"],
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: PostgreSQL")
+@pytest.mark.parametrize("prepared", [True, False])
+def test_the_poll_is_prepared_once_per_connection_unless_turned_off(owner, settings, prepared):
+    settings.DB_PREPARED_POLL = prepared
+    session = _session(owner, S.HIBERNATED, snapshot="live")
+    before = _prepared_polls()
+
+    answers = [owner.client.get(STATUS, {"sessionId": session.id}).json() for _ in range(3)]
+
+    assert _prepared_polls() - before == (1 if prepared and before == 0 else 0)
+    assert [a["hasSnapshot"] for a in answers] == [True] * 3
+    assert {a["lifecycle"]["state"] for a in answers} == {S.HIBERNATED}
