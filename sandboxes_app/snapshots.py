@@ -53,8 +53,11 @@ def _is_s3(storage: Storage) -> bool:
     return module is not None and isinstance(storage, module.S3Storage)
 
 
-def snapshot_write(*, source: Path, storage_key: str) -> tuple[str, int]:
-    """Store `source` under `storage_key`; returns (sha256, size) of the stored object."""
+def snapshot_write(*, source: Path, storage_key: str, verify: bool = True) -> tuple[str, int]:
+    """Store `source` under `storage_key`; returns (sha256, size) of the stored object.
+
+    `verify=False` leaves reading it back to the caller, who must (`snapshot_verify`) before
+    trusting it: a sandbox frozen for its snapshot need not stay frozen during the read."""
     tar = subprocess.Popen(
         ["tar", "--create", "--file=-", "--format=posix", "--numeric-owner", *_TAR_XATTRS]
         + ["--directory", str(source), "."],
@@ -91,7 +94,8 @@ def snapshot_write(*, source: Path, storage_key: str) -> tuple[str, int]:
         tar.stderr.seek(0)
         raise ProviderError(f"tar failed: {tar.stderr.read().decode(errors='replace')[:500]}")
     sha256 = hasher.hexdigest()
-    snapshot_verify(storage_key=storage_key, sha256=sha256, size_bytes=size)
+    if verify:
+        snapshot_verify(storage_key=storage_key, sha256=sha256, size_bytes=size)
     return sha256, size
 
 

@@ -385,10 +385,16 @@ class LocalProvider(SandboxProvider):
                 cgroups.freeze()
             try:
                 with self._layers(paths) as layers:
-                    sha256, size = store_tree(source=layers / "upper", storage_key=storage_key)
+                    sha256, size = store_tree(
+                        source=layers / "upper", storage_key=storage_key, verify=False
+                    )
             finally:
                 if cgroups is not None:
                     cgroups.thaw()
+        # Read back only once thawed: the stored object no longer changes, and a checkpoint
+        # of a running sandbox stalls its commands for the write alone (the read of a remote
+        # object costs as much again). Nothing trusts the snapshot before this returns.
+        snapshot_verify(storage_key=storage_key, sha256=sha256, size_bytes=size)
         return SnapshotInfo(
             storage_key=storage_key,
             sha256=sha256,

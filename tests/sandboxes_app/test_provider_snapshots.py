@@ -239,6 +239,30 @@ def test_a_snapshot_leaves_the_sandbox_running(provider, source, new_name):
     assert provider.run(name=name, argv=["sh", "-c", "echo still writable > w"]).exit_code == 0
 
 
+def test_a_snapshot_reads_its_object_back_only_after_thawing_the_sandbox(
+    provider, source, new_name, monkeypatch
+):
+    """A checkpoint stalls a running sandbox's commands for the write alone, not the read-back
+    (which, from S3, costs as much again); the read-back still happens before it returns."""
+    from sandboxes_app.providers import local
+
+    name = new_name()
+    provider.create(name=name, source=source)
+    provider.run(name=name, argv=["sh", "-c", "head -c 2000000 /dev/urandom > big.bin"])
+    frozen_during_read_back = []
+    real_verify = local.snapshot_verify
+
+    def observed_verify(**kwargs):
+        frozen_during_read_back.append(provider._cgroups(name).is_frozen())
+        real_verify(**kwargs)
+
+    monkeypatch.setattr(local, "snapshot_verify", observed_verify)
+    info = provider.snapshot(name=name, storage_key=f"snapshots/{name}.tar.zst")
+
+    assert frozen_during_read_back == [False]
+    provider.verify_snapshot(snapshot=info)
+
+
 def test_a_storage_without_local_paths_round_trips(provider, source, new_name, settings):
     # Django's in-memory storage has no path(), as S3 has none: the remote write path runs.
     settings.STORAGES = {
