@@ -60,12 +60,17 @@ def _http() -> requests.Session:
     return session
 
 
-def pool_storage_problem() -> str | None:
-    """Why the snapshot storage cannot serve a pool, else None. A resume lands on any host,
-    and a snapshot it cannot find makes a fresh sandbox: a storage that only one machine sees
-    would quietly lose every session that moves."""
+def pool_problem() -> str | None:
+    """Why this deployment cannot be a pool, naming the fix; None when it can. Every process
+    of a pool, on any machine, shares the database, Redis, the broker and the snapshots."""
     from django.core.files.storage import FileSystemStorage, storages
 
+    if not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        return "SANDBOX_PROVIDER=pool needs PostgreSQL (DATABASE_URL=postgres://...)"
+    if not settings.REDIS_URL or settings.CELERY_BROKER_URL.startswith("filesystem://"):
+        return "SANDBOX_PROVIDER=pool needs REDIS_URL and a Redis CELERY_BROKER_URL"
+    # A resume lands on any host, and a snapshot it cannot find makes a fresh sandbox: a
+    # storage only one machine sees would quietly lose every session that moves.
     if isinstance(storages["snapshots"], FileSystemStorage) and not (
         settings.SNAPSHOT_STORAGE_ROOT_EXPLICIT
     ):
@@ -100,11 +105,7 @@ class PoolProvider(SandboxProvider):
 
     @classmethod
     def from_settings(cls) -> PoolProvider:
-        if not settings.REDIS_URL:
-            raise ProviderError(
-                "SANDBOX_PROVIDER=pool needs REDIS_URL (lifecycle replies from the hosts)"
-            )
-        problem = pool_storage_problem()
+        problem = pool_problem()
         if problem is not None:
             raise ProviderError(problem)
         return cls(call_timeout=settings.SANDBOX_HOST_CALL_TIMEOUT)

@@ -94,6 +94,11 @@ def test_the_sweep_marks_a_silent_host_down_within_its_deadline(settings):
             {"SANDBOX_PROVIDER": "pool", "SNAPSHOT_STORAGE_ROOT_EXPLICIT": False},
             "a snapshot storage every host reaches",
         ),
+        (
+            ["--name", "host-a"],
+            {"SANDBOX_PROVIDER": "pool", "CELERY_BROKER_URL": "filesystem://localhost/"},
+            "a Redis CELERY_BROKER_URL",
+        ),
     ],
 )
 def test_a_sandbox_host_refuses_to_start_misconfigured_and_registers_nothing(

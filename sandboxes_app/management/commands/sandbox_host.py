@@ -24,7 +24,7 @@ from django.db import close_old_connections, connection
 
 from recoup.celery import app as celery_app
 from sandboxes_app.hosts.auth import host_secret
-from sandboxes_app.hosts.client import pool_storage_problem
+from sandboxes_app.hosts.client import pool_problem
 from sandboxes_app.hosts.dispatch import host_provider_set
 from sandboxes_app.hosts.server import HostServer
 from sandboxes_app.hosts.services import (
@@ -85,11 +85,9 @@ class Command(BaseCommand):
             raise CommandError("--name must be 1-63 of a-z, 0-9 and -, starting alphanumeric")
         if settings.SANDBOX_PROVIDER != "pool":
             raise CommandError("A sandbox host serves a pool: set SANDBOX_PROVIDER=pool")
-        if not settings.REDIS_URL or settings.CELERY_BROKER_URL.startswith("filesystem://"):
-            raise CommandError("A sandbox host needs REDIS_URL and a Redis CELERY_BROKER_URL")
-        storage_problem = pool_storage_problem()
-        if storage_problem is not None:
-            raise CommandError(storage_problem)
+        problem = pool_problem()
+        if problem is not None:
+            raise CommandError(problem)
         try:
             provider = LocalProvider.from_settings()
         except ProviderError as exc:
