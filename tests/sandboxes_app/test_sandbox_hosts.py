@@ -119,11 +119,12 @@ def test_a_detached_command_runs_on_its_host_and_its_log_streams_through_the_web
 
 
 def test_a_call_to_a_host_that_died_unnoticed_answers_502_and_changes_nothing(
-    pool, owner, repo_url
+    pool, owner, repo_url, settings
 ):
     session_id = new_session(owner)
     start_sandbox(owner, session_id, repo_url)
-    pool.host_of(session_sandbox_name(session_id)).kill()  # its heartbeat is still fresh
+    pool.host_of(session_sandbox_name(session_id)).kill()
+    settings.SANDBOX_HOST_DOWN_AFTER = 60  # its last heartbeat stays fresh for this test
     for response in (
         owner.client.post(
             "/api/sandbox", {"repoUrl": repo_url, "sessionId": session_id}, format="json"
@@ -150,6 +151,8 @@ def test_a_second_process_with_a_live_hosts_name_waits_instead_of_sharing_it(poo
             **first.env,
             "SANDBOX_ROOT": str(tmp_path / "twin"),
             "SANDBOX_ID_POOL_START": str(pool.hosts[-1].id_pool_start + 64 * 65536),
+            # Generous, so a slow heartbeat of the first on a busy machine is not a takeover.
+            "SANDBOX_HOST_DOWN_AFTER": "8",
         },
     ).start()
     try:
@@ -159,7 +162,7 @@ def test_a_second_process_with_a_live_hosts_name_waits_instead_of_sharing_it(poo
         first.kill()
         wait_for(
             lambda: SandboxHost.objects.get(name=first.name).address != address,
-            timeout=30,
+            timeout=60,
             message=twin.log()[-2000:],
         )
     finally:
