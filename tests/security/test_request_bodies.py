@@ -122,26 +122,24 @@ def test_a_utf16_body_is_scanned_as_text(owner):
 def _send(
     base_url: str, method: str, path: str, raw_key: str, body: bytes | None
 ) -> tuple[int, dict]:
-    """One request with `Transfer-Encoding: chunked`, the body cut into small chunks."""
+    """One request with `Transfer-Encoding: chunked`, the body cut into small chunks.
+
+    Written in one go: a server that answers before reading the body (the 411) would otherwise
+    close while later chunks are still being sent, and the client would see a broken pipe
+    instead of the answer."""
     host, port = base_url.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
     chunks = [body[i : i + 7] for i in range(0, len(body), 7)] if body else []
-    try:
-        connection.request(
-            method,
-            path,
-            body=iter(chunks),
-            headers={
-                "X-API-Key": raw_key,
-                "Content-Type": "application/json",
-                "Transfer-Encoding": "chunked",
-            },
-            encode_chunked=True,
-        )
-        response = connection.getresponse()
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nX-API-Key: {raw_key}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    framed = b"".join(f"{len(c):x}\r\n".encode() + c + b"\r\n" for c in chunks) + b"0\r\n\r\n"
+    with socket.create_connection((host, int(port)), timeout=30) as connection:
+        connection.sendall(head + framed)
+        response = http.client.HTTPResponse(connection)
+        response.begin()
         return response.status, json.loads(response.read())
-    finally:
-        connection.close()
 
 
 def _free_port() -> int:
