@@ -28,7 +28,11 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from lifecycle.hibernation import snapshot_discard
+from lifecycle.hibernation import (
+    current_snapshot_changes,
+    session_snapshot_record,
+    snapshot_discard,
+)
 from lifecycle.leases import new_run_id
 from lifecycle.states import LifecycleState as S
 from recoup.db import release_db_connection
@@ -144,18 +148,7 @@ def _record(
     """Record the snapshot and make it current, in one transaction, if the session is still
     where it was when the checkpoint started; None (and no row) otherwise."""
     with transaction.atomic():
-        snapshot = Snapshot.objects.create(
-            kind=Snapshot.Kind.SESSION,
-            storage_key=info.storage_key,
-            size_bytes=info.size_bytes,
-            sha256=info.sha256,
-            created_at=info.created_at,
-            base=sandbox.base_snapshot,
-            session=session,
-            account_id=session.account_id,
-            organization_id=session.organization_id,
-            repo_full_name=sandbox.repo_full_name,
-        )
+        snapshot = session_snapshot_record(session=session, sandbox=sandbox, info=info)
         # No version bump, no last_activity_at: see the module docstring.
         won = Session.objects.filter(
             id=session.id,
@@ -163,10 +156,7 @@ def _record(
             lifecycle_version=session.lifecycle_version,
             current_snapshot_id=previous_id,
         ).update(
-            current_snapshot=snapshot,
-            snapshot_url=info.storage_key,
-            snapshot_created_at=info.created_at,
-            snapshot_size_bytes=info.size_bytes,
+            **current_snapshot_changes(snapshot),
             workspace_saved_at=saved_at,
             updated_at=timezone.now(),
         )

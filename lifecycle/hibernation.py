@@ -27,7 +27,12 @@ from lifecycle.transitions import Seen, transition
 from recoup.db import release_db_connection
 from recoup.faults import crash_point
 from sandboxes_app.models import Sandbox, Snapshot, session_sandbox_name
-from sandboxes_app.providers.base import SandboxProvider, SandboxStatus, get_provider
+from sandboxes_app.providers.base import (
+    SandboxProvider,
+    SandboxStatus,
+    SnapshotInfo,
+    get_provider,
+)
 from sessions_app.models import Session
 
 logger = logging.getLogger("recoup.lifecycle")
@@ -197,25 +202,9 @@ def _hibernate_claimed(
         info = provider.snapshot(name=name, storage_key=key)
         crash_point("hibernate_snapshot_written")
         with transaction.atomic():
-            snapshot = Snapshot.objects.create(
-                kind=Snapshot.Kind.SESSION,
-                storage_key=info.storage_key,
-                size_bytes=info.size_bytes,
-                sha256=info.sha256,
-                created_at=info.created_at,
-                base=live.base_snapshot if live else None,
-                session=session,
-                account_id=session.account_id,
-                organization_id=session.organization_id,
-                repo_full_name=live.repo_full_name if live else "",
-            )
+            snapshot = session_snapshot_record(session=session, sandbox=live, info=info)
             if not lease_update(
-                session_id=session.id,
-                run_id=run_id,
-                current_snapshot=snapshot,
-                snapshot_url=info.storage_key,
-                snapshot_created_at=info.created_at,
-                snapshot_size_bytes=info.size_bytes,
+                session_id=session.id, run_id=run_id, **current_snapshot_changes(snapshot)
             ):
                 transaction.set_rollback(True)
                 return None
@@ -251,6 +240,35 @@ def _hibernate_claimed(
     if done is not None and previous is not None and previous.id != done.current_snapshot_id:
         snapshot_discard(snapshot=previous, provider=provider)
     return done
+
+
+def session_snapshot_record(
+    *, session: Session, sandbox: Sandbox | None, info: SnapshotInfo
+) -> Snapshot:
+    """The row of a session snapshot the provider just wrote and verified (by hibernation or
+    a checkpoint); it layers on the base its sandbox sat on."""
+    return Snapshot.objects.create(
+        kind=Snapshot.Kind.SESSION,
+        storage_key=info.storage_key,
+        size_bytes=info.size_bytes,
+        sha256=info.sha256,
+        created_at=info.created_at,
+        base=sandbox.base_snapshot if sandbox else None,
+        session=session,
+        account_id=session.account_id,
+        organization_id=session.organization_id,
+        repo_full_name=sandbox.repo_full_name if sandbox else "",
+    )
+
+
+def current_snapshot_changes(snapshot: Snapshot) -> dict:
+    """The session's columns that make `snapshot` its current one."""
+    return {
+        "current_snapshot": snapshot,
+        "snapshot_url": snapshot.storage_key,
+        "snapshot_created_at": snapshot.created_at,
+        "snapshot_size_bytes": snapshot.size_bytes,
+    }
 
 
 def _settle_commands(*, sandbox_name: str) -> None:

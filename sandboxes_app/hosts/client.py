@@ -23,6 +23,7 @@ from recoup.redis_clients import redis_client
 from sandboxes_app.git.tree import file_tree
 from sandboxes_app.hosts.auth import HEADER, host_secret, sign
 from sandboxes_app.hosts.services import (
+    host_choose,
     host_is_live,
     hosts_live,
     reply_key,
@@ -205,8 +206,6 @@ class PoolProvider(SandboxProvider):
 
     def build_base(self, *, source: GitSource, storage_key: str) -> SnapshotInfo:
         # Any host: the base goes to the shared storage; the others fetch it on first use.
-        from sandboxes_app.hosts.services import host_choose
-
         host = host_choose()
         return self._lifecycle(host, "build_base", source=source, storage_key=storage_key)
 

@@ -40,9 +40,19 @@ def reply_key(call_id: str) -> str:
     return f"recoup:host-reply:{call_id}"
 
 
+def _live_cutoff(now: datetime | None = None) -> datetime:
+    """Heartbeats older than this are a dead host's."""
+    return (now or timezone.now()) - timedelta(seconds=settings.SANDBOX_HOST_DOWN_AFTER)
+
+
+def _is_live(host: SandboxHost) -> bool:
+    return host.status == SandboxHost.Status.UP and host.heartbeat_at >= _live_cutoff()
+
+
 def hosts_live() -> QuerySet[SandboxHost]:
-    cutoff = timezone.now() - timedelta(seconds=settings.SANDBOX_HOST_DOWN_AFTER)
-    return SandboxHost.objects.filter(status=SandboxHost.Status.UP, heartbeat_at__gte=cutoff)
+    return SandboxHost.objects.filter(
+        status=SandboxHost.Status.UP, heartbeat_at__gte=_live_cutoff()
+    )
 
 
 def host_is_live(*, host_id: int) -> bool:
@@ -83,7 +93,7 @@ def sandbox_place(*, name: str) -> SandboxHost:
     """The host for a create or resume of `name`: where it already is, while that host lives
     (a running sandbox is sticky, and create is idempotent there); otherwise a new choice."""
     placed = HostPlacement.objects.select_related("host").filter(sandbox_name=name).first()
-    if placed is not None and host_is_live(host_id=placed.host_id):
+    if placed is not None and _is_live(placed.host):
         return placed.host
     chosen = host_choose()
     with transaction.atomic():
@@ -98,13 +108,7 @@ def sandbox_host_of(*, name: str) -> SandboxHost | None:
     """The live host holding `name`, or None when nothing holds it (never placed, destroyed,
     or its host is down: then its workspace is out of reach)."""
     placed = HostPlacement.objects.select_related("host").filter(sandbox_name=name).first()
-    if placed is None:
-        return None
-    cutoff = timezone.now() - timedelta(seconds=settings.SANDBOX_HOST_DOWN_AFTER)
-    host = placed.host
-    if host.status != SandboxHost.Status.UP or host.heartbeat_at < cutoff:
-        return None
-    return host
+    return placed.host if placed is not None and _is_live(placed.host) else None
 
 
 def sandbox_unplace(*, name: str, host_id: int) -> None:
@@ -122,12 +126,15 @@ def memory_mb_total() -> int:
     return 0
 
 
-def host_local_sandboxes(*, root: Path, status: Callable[[str], SandboxStatus]) -> list[str]:
-    """The sandboxes on this host's disk (running or stopped), by name."""
+def host_local_sandboxes(
+    *, root: Path, status: Callable[[str], SandboxStatus]
+) -> dict[str, SandboxStatus]:
+    """The sandboxes on this host's disk (running or stopped), with their status."""
     if not root.exists():
-        return []
+        return {}
     names = [p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")]
-    return [n for n in names if status(n) != SandboxStatus.ABSENT]
+    found = {name: status(name) for name in names}
+    return {name: state for name, state in found.items() if state != SandboxStatus.ABSENT}
 
 
 def host_marked_down(*, name: str) -> bool:
@@ -185,7 +192,7 @@ def hosts_mark_down(*, now: datetime | None = None) -> list[str]:
     """Mark down every up host whose heartbeat is older than SANDBOX_HOST_DOWN_AFTER, and move
     its sandboxes' sessions to `failed`. Returns the names it marked. Run by the beat sweep."""
     now = now or timezone.now()
-    cutoff = now - timedelta(seconds=settings.SANDBOX_HOST_DOWN_AFTER)
+    cutoff = _live_cutoff(now)
     marked = []
     for host in SandboxHost.objects.filter(status=SandboxHost.Status.UP, heartbeat_at__lt=cutoff):
         # Compare-and-set: a heartbeat that arrived meanwhile keeps the host up.

@@ -5,16 +5,20 @@ of our own processes, recently, over exactly that body, for an interactive metho
 import http.client
 import json
 import time
+import uuid
 from urllib.parse import urlsplit
 
 import pytest
 import requests
 
+from recoup.redis_clients import redis_client
 from sandboxes_app.hosts.auth import HEADER, host_secret, sign
 from sandboxes_app.hosts.dispatch import LIFECYCLE_METHODS, host_dispatch
+from sandboxes_app.hosts.services import reply_key
 from sandboxes_app.hosts.wire import decode, encode
 from sandboxes_app.models import SandboxHost, session_sandbox_name
 from sandboxes_app.providers.base import CommandResult, SandboxStatus
+from sandboxes_app.tasks import host_call
 from tests.support.api import new_session, sh, start_sandbox
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -80,12 +84,32 @@ def test_a_signed_call_reaches_only_the_interactive_methods(pool, owner, repo_ur
     connection.close()
 
 
-def test_the_lifecycle_door_refuses_interactive_and_unknown_methods():
-    # Without a host provider (this test process is none) even an allowed method is refused.
-    assert host_dispatch(method="create", kwargs={}, allowed=LIFECYCLE_METHODS) == {
+def test_the_lifecycle_door_serves_only_lifecycle_methods(pool, owner, repo_url, settings):
+    """The host's Celery queue, as anyone who can reach the broker would use it: an
+    interactive or private method sent there is refused by the host and runs nothing."""
+    session_id = new_session(owner)
+    start_sandbox(owner, session_id, repo_url)
+    name = session_sandbox_name(session_id)
+    host = SandboxHost.objects.get(placements__sandbox_name=name)
+    argv = ["sh", "-c", "echo pwned > queued.txt"]
+    client = redis_client(settings.REDIS_URL)
+    for method, kwargs in [
+        ("run", {"name": name, "argv": argv}),
+        ("start_detached", {"name": name, "argv": argv}),
+        ("_run", {"name": name, "argv": argv}),
+        ("__init__", {}),
+    ]:
+        call_id = uuid.uuid4().hex
+        host_call.apply_async(args=[call_id, method, encode(kwargs)["v"]], queue=host.queue)
+        reply = json.loads(client.blpop([reply_key(call_id)], timeout=30)[1])
+        assert reply == {
+            "error": {"type": "ProviderError", "message": f"{method!r} is not a host call"}
+        }
+    assert sh(owner, session_id, "test -e queued.txt")["exitCode"] == 1
+    # Outside a sandbox host (this process is none) nothing is served at all.
+    assert host_dispatch(method="stop", kwargs={"name": name}, allowed=LIFECYCLE_METHODS) == {
         "error": {"type": "ProviderError", "message": "this process is no sandbox host"}
     }
-    assert "run" not in LIFECYCLE_METHODS and "probe" not in LIFECYCLE_METHODS
 
 
 def test_the_wire_builds_only_the_interfaces_own_types():

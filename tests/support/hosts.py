@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
@@ -32,12 +32,11 @@ class Host:
     log_path: Path
     env: dict[str, str]
     process: subprocess.Popen | None = None
-    extra: list[str] = field(default_factory=list)
 
     def start(self) -> Host:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "sandbox_host", "--name", self.name, *self.extra],
+            [sys.executable, "manage.py", "sandbox_host", "--name", self.name],
             cwd=ROOT,
             env=self.env,
             stdout=log,

@@ -152,7 +152,7 @@ class _Heartbeat:
         self.stopped = threading.Event()
         self.instance = uuid.uuid4().hex
 
-    def _names(self) -> list[str]:
+    def _local(self) -> dict[str, SandboxStatus]:
         return host_local_sandboxes(
             root=self.provider.root, status=lambda n: self.provider.status(name=n)
         )
@@ -170,12 +170,11 @@ class _Heartbeat:
         try:
             if reconcile or host_marked_down(name=self.name):
                 settled = host_reconcile(
-                    host_name=self.name, local_names=self._names(), retire=self._retire
+                    host_name=self.name, local_names=list(self._local()), retire=self._retire
                 )
                 if settled["adopted"] or settled["orphaned"]:
                     logger.warning(json.dumps({"event": "host_reconciled", **settled}))
-            names = self._names()
-            running = sum(1 for n in names if self.provider.status(name=n) == SandboxStatus.RUNNING)
+            running = sum(1 for s in self._local().values() if s == SandboxStatus.RUNNING)
             held = host_heartbeat(
                 name=self.name,
                 instance=self.instance,
