@@ -116,6 +116,16 @@ class WebService:
     def api_key(self, email: str) -> str:
         return self.manage("create_api_key", "--email", email).strip().splitlines()[-1]
 
+    def api_keys(self, emails: list[str]) -> list[str]:
+        """A key for each address, from one process (a `create_api_key` each takes a second)."""
+        code = (
+            "from recoup.accounts.services import account_get_or_create, api_key_issue\n"
+            f"for email in {emails!r}:\n"
+            "    account = account_get_or_create(email=email)\n"
+            "    print(api_key_issue(account=account, label='bench').raw_key)\n"
+        )
+        return self.manage("shell", "-c", code).split()[-len(emails) :]
+
     def session(self, key: str, *, sandbox: bool) -> str:
         headers = {"x-api-key": key}
         created = requests.post(f"{self.base}/api/sessions", json={}, headers=headers, timeout=30)

@@ -71,16 +71,21 @@ class _PreparedCursor(psycopg.Cursor):
         return super().execute(query, params, prepare=True, **kwargs)
 
 
-def _poll_cursor() -> object:
-    """A Django cursor (so execute wrappers still see the poll) over a prepared-statement
-    cursor. Django's own cursors never prepare, for the sake of external poolers;
-    DB_PREPARED_POLL=0 turns this one off too (see settings). While queries are logged (DEBUG,
-    tests that count queries) the poll runs unprepared, since psycopg does not keep a prepared
-    statement's text for the log."""
-    if not settings.DB_PREPARED_POLL or connection.queries_logged:
-        return connection.cursor()
+def _poll_row(params: list) -> tuple | None:
+    """The poll's row from PostgreSQL. Prepared, on the connection itself rather than through
+    Django's cursor wrapper, which cost the web process as much CPU as the round trip: Django's
+    own cursors never prepare, for the sake of external poolers, and DB_PREPARED_POLL=0 turns
+    this one off too (see settings). While queries are logged (DEBUG, tests that count queries)
+    or watched (`connection.execute_wrapper`), the poll runs through Django's cursor, unprepared,
+    so they see it."""
+    if not settings.DB_PREPARED_POLL or connection.queries_logged or connection.execute_wrappers:
+        with connection.cursor() as cursor:
+            cursor.execute(_poll_sql(), params)
+            return cursor.fetchone()
     connection.ensure_connection()
-    return connection._prepare_cursor(_PreparedCursor(connection.connection))
+    with connection.wrap_database_errors, _PreparedCursor(connection.connection) as cursor:
+        cursor.execute(_poll_sql(), params)
+        return cursor.fetchone()
 
 
 def _poll_fetch(params: list) -> Session | None:
@@ -89,13 +94,10 @@ def _poll_fetch(params: list) -> Session | None:
     (0.4 ms of the poll's CPU); other databases need Django's converters, which `raw` applies."""
     if connection.vendor != "postgresql":
         return next(iter(Session.objects.raw(_poll_sql(), params)), None)
-    with _poll_cursor() as cursor:
-        cursor.execute(_poll_sql(), params)
-        row = cursor.fetchone()
+    row = _poll_row(params)
     if row is None:
         return None
-    loaded = dict(zip(_POLL_ATTNAMES, row, strict=False))
-    session = Session.from_db(connection.alias, list(loaded), list(loaded.values()))
+    session = Session.from_db(connection.alias, _POLL_ATTNAMES, row[:-1])
     session.has_live_snapshot = row[-1]
     return session
 

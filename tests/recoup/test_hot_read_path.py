@@ -1,5 +1,8 @@
-"""The hot read path's shared parts: the credential cache and the one-round-trip rate limit."""
+"""The hot read path's shared parts: the credential cache and the rate limit's round trips."""
 
+import os
+import subprocess
+import sys
 import time
 from datetime import timedelta
 
@@ -111,13 +114,14 @@ def test_last_used_at_is_still_written_at_most_once_a_minute(owner, settings):
 
 
 @pytest.fixture
-def round_trips(monkeypatch) -> list[int]:
-    """Counts every request sent to Redis (a pipeline is sent as one)."""
-    sent: list[int] = []
+def round_trips(monkeypatch) -> list[bytes]:
+    """Every request sent to Redis (a pipeline is sent as one), including a new connection's
+    handshake."""
+    sent: list[bytes] = []
     send = redis.connection.AbstractConnection.send_packed_command
 
     def counting(self, command, check_health=True):
-        sent.append(1)
+        sent.append(b"".join(command) if isinstance(command, list) else command)
         return send(self, command, check_health)
 
     monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
@@ -152,3 +156,54 @@ def test_the_limit_holds_in_process_without_redis(owner, stranger, settings, rou
     _assert_limit_holds(owner, 3)
     _assert_limit_holds(stranger, 3)
     assert round_trips == []
+
+
+def test_a_busy_account_takes_its_counts_from_redis_in_blocks(owner, settings, round_trips):
+    settings.API_RATE_LIMIT = "1000/day"  # blocks of 10
+
+    for _ in range(25):
+        assert owner.client.get(URL).status_code == 200
+
+    takes = [sent for sent in round_trips if b"recoup:rate:" in sent]
+    assert len(takes) == 3  # 10 + 10 + 5 of the third block
+    key = redis_client(settings.REDIS_URL).keys(f"recoup:rate:throttle_user_{owner.account.pk}:*")
+    assert int(redis_client(settings.REDIS_URL).get(key[0])) == 30
+
+
+def test_a_block_that_would_cross_the_limit_is_cut_to_what_fits(owner, settings):
+    settings.API_RATE_LIMIT = "205/day"  # blocks of 2: the 103rd take holds one real count
+    for _ in range(205):
+        assert owner.client.get(URL).status_code == 200
+
+    assert owner.client.get(URL).status_code == 429
+    assert owner.client.get(URL).status_code == 429
+
+
+# Another web process: the same function on its own blocks, against the same Redis counter.
+_OTHER_PROCESS = """
+import sys, django
+django.setup()
+from recoup.throttling import window_admits
+key, limit, window, ends, tries = sys.argv[1], *map(int, sys.argv[2:])
+admits = lambda: window_admits(key, limit=limit, window=window, window_ends_at=ends)
+print(sum(admits() for _ in range(tries)))
+"""
+
+
+def test_processes_taking_blocks_at_once_never_admit_more_than_the_limit(settings):
+    # Three processes spend 700 tries each on one key whose limit is 1000 (blocks of 10). The
+    # counts one process holds unspent when the others run out may be refused: at most 9 each.
+    key = f"test-blocks-{time.monotonic_ns()}"
+    window = int(time.time() // 3600)
+    argv = [key, "1000", str(window), str((window + 1) * 3600), "700"]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "recoup.settings"}
+    others = [
+        subprocess.Popen(
+            [sys.executable, "-c", _OTHER_PROCESS, *argv], env=env, stdout=subprocess.PIPE
+        )
+        for _ in range(3)
+    ]
+    admitted = [int(other.communicate(timeout=120)[0]) for other in others]
+
+    assert 1000 - 3 * 9 <= sum(admitted) <= 1000
+    assert all(other.returncode == 0 for other in others)
