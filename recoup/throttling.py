@@ -56,6 +56,7 @@ _local_counters = _LocalCounters()
 
 
 _MAX_BLOCK = 64
+_MAX_HELD_KEYS = 10_000
 
 
 class _Blocks:
@@ -77,12 +78,18 @@ class _Blocks:
 
     def keep(self, key: str, window: int, counts: int) -> None:
         """Hold `counts` more (two threads may have taken a block each at once)."""
+        if counts <= 0:
+            return
         with self._lock:
             held_window, left = self._held.get(key, (window, 0))
             if held_window != window:
                 left = 0
-            if len(self._held) > 10_000:
+            if len(self._held) >= _MAX_HELD_KEYS:
                 self._held = {k: v for k, v in self._held.items() if v[0] >= window}
+                if len(self._held) >= _MAX_HELD_KEYS:
+                    # So many keys in one window (a flood of new clients) must not grow the
+                    # process: unspent counts given up are only refused, never admitted.
+                    self._held.clear()
             self._held[key] = (window, left + counts)
 
 

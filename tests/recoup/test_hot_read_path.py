@@ -207,3 +207,17 @@ def test_processes_taking_blocks_at_once_never_admit_more_than_the_limit(setting
 
     assert 1000 - 3 * 9 <= sum(admitted) <= 1000
     assert all(other.returncode == 0 for other in others)
+
+
+def test_a_flood_of_new_keys_does_not_grow_the_process(settings, monkeypatch):
+    from recoup import throttling
+
+    monkeypatch.setattr(throttling, "_MAX_HELD_KEYS", 50)
+    window = int(time.time() // 3600)
+    prefix = f"test-flood-{time.monotonic_ns()}"
+    for n in range(500):
+        assert throttling.window_admits(
+            f"{prefix}-{n}", limit=1000, window=window, window_ends_at=(window + 1) * 3600
+        )
+
+    assert len(throttling._blocks._held) <= 50
