@@ -213,3 +213,90 @@ def test_the_lean_path_kicks_an_overdue_session(
     assert response.status_code == 200
     assert kicked == [(session.id, 2, "idle")]
     assert drf_calls == []
+
+
+# --- The WSGI route: polls skip the middleware they never need ------------------------------
+
+
+@pytest.fixture
+def session_middleware_calls(monkeypatch) -> list[int]:
+    """Counts the requests the sessions middleware saw (the full stack's, not the poll's)."""
+    from django.contrib.sessions.middleware import SessionMiddleware
+
+    calls: list[int] = []
+    process_request = SessionMiddleware.process_request
+
+    def counting(self, request):
+        calls.append(1)
+        return process_request(self, request)
+
+    monkeypatch.setattr(SessionMiddleware, "process_request", counting)
+    return calls
+
+
+def _wsgi(application, query: str, method: str = "GET", **headers: str) -> tuple:
+    """One request through a WSGI application: status, headers and body."""
+    from django.core import signals
+    from django.db import close_old_connections
+    from django.test import RequestFactory
+
+    environ = RequestFactory().generic(method, f"{STATUS}?{query}", **headers).environ
+    started = {}
+
+    def start_response(status: str, response_headers: list) -> None:
+        started.update(status=status, headers=sorted(response_headers))
+
+    # As Django's test client does: the test's transaction must outlive the request.
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_finished.disconnect(close_old_connections)
+    try:
+        response = application(environ, start_response)
+        body = b"".join(response)
+        response.close()
+    finally:
+        signals.request_started.connect(close_old_connections)
+        signals.request_finished.connect(close_old_connections)
+    if body.startswith(b"{") and b"serverTime" in body:
+        answer = json.loads(body)
+        answer["lifecycle"]["serverTime"] = None
+        body = answer
+    return started["status"], started["headers"], body
+
+
+@pytest.mark.parametrize("case", [*LEAN_CASES, *FALLBACKS, "session cookie", "chunked"])
+def test_the_served_application_answers_polls_as_the_full_stack_does(
+    owner, stranger, session_middleware_calls, case
+):
+    from django.core.handlers.wsgi import WSGIHandler
+
+    from recoup.wsgi import application
+
+    mine = _session(owner.account).id
+    key = {"HTTP_X_API_KEY": owner.raw_key}
+    method, query, headers, lean = "GET", f"sessionId={mine}", dict(key), False
+    if case in LEAN_CASES:
+        params, headers, _ = _cases(owner, stranger)[case]
+        query, lean = "&".join(f"sessionId={v}" for v in params.values()), True
+    elif case == "session cookie":
+        headers = {"HTTP_COOKIE": "sessionid=abc"}
+    elif case == "chunked":
+        headers = {**key, "HTTP_TRANSFER_ENCODING": "chunked"}
+    else:
+        options, extra = FALLBACKS[case]
+        headers = {} if case == "no credentials" else {**key, **extra}
+        method = options.get("method", "get").upper()
+        query = "&".join(
+            [f"sessionId={mine}"] * options.get("ids", 1)
+            + [f"{k}={v}" for k, v in options.get("extra", {}).items()]
+        )
+        if options.get("pad"):
+            query = f"sessionId=%20{mine}"
+        if options.get("long"):
+            query = "sessionId=" + "x" * 65
+
+    served = _wsgi(application, query, method, **headers)
+    assert len(session_middleware_calls) == (0 if lean else 1)
+    full = _wsgi(WSGIHandler(), query, method, **headers)
+
+    assert served == full
+    assert served[0] != "500 Internal Server Error"
