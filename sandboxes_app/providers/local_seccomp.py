@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 
 import pyseccomp as seccomp
@@ -143,12 +144,13 @@ def seccomp_bpf_path(*, root: Path) -> Path:
     path = root / f"_seccomp-{digest}.bpf"
     if path.exists():
         return path
-    tmp = root / f".seccomp-{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
+    # A name of its own for each writer (mkstemp, 0600): threads of one process that found no
+    # filter at once used to share `.seccomp-<pid>.tmp`, and the one renaming second failed.
+    fd, tmp = tempfile.mkstemp(dir=root, prefix=".seccomp-", suffix=".tmp")
+    with open(fd, "wb") as f:
         build_filter().export_bpf(f)
         f.flush()
         os.fsync(f.fileno())
-    os.chmod(tmp, 0o600)
     os.replace(tmp, path)
     return path
 
