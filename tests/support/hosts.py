@@ -4,7 +4,6 @@ its own SANDBOX_ROOT and id pool, on the test database, the test's broker and sn
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -16,7 +15,13 @@ from django.test import override_settings
 
 from sandboxes_app.models import HostPlacement, SandboxHost
 from sandboxes_app.providers.local import LocalProvider
-from tests.support.worker import ROOT, test_database_url, wait_for
+from tests.support.worker import (
+    ROOT,
+    kill_process,
+    stop_process,
+    test_database_url,
+    wait_for,
+)
 
 # Far above the suite's own pool (0x70000000 + 1024 slots): hosts on one kernel need disjoint
 # id ranges, as the README says for a real pool.
@@ -54,17 +59,10 @@ class Host:
         )
 
     def kill(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
+        kill_process(self.process)
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_process(self.process)
 
     def local_provider_for_test(self) -> LocalProvider:
         """The host's own provider, as `sandbox_host` builds it (settings read at start-up)."""

@@ -71,21 +71,14 @@ class Worker:
         return self
 
     def kill(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
+        kill_process(self.process)
 
     def wait_exit(self, timeout: float) -> int:
         assert self.process is not None
         return self.process.wait(timeout=timeout)
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_process(self.process)
 
     def release_queue(self) -> None:
         """Send later tests' tasks to the default queue again, not to this stopped worker's."""
@@ -93,6 +86,23 @@ class Worker:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def kill_process(process: subprocess.Popen | None) -> None:
+    """SIGKILL a child that is still running, and reap it."""
+    if process and process.poll() is None:
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+
+
+def stop_process(process: subprocess.Popen | None, *, grace: float = 15) -> None:
+    """SIGTERM a child that is still running; SIGKILL it if it has not exited within `grace`."""
+    if process and process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            kill_process(process)
 
 
 def wait_for(predicate, *, timeout: float, interval: float = 0.1, message: str = ""):
